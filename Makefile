@@ -1,0 +1,35 @@
+# The two commands of the README: `make lab` opens the course, `make test` runs the tests.
+# Both create the virtual environment .venv on first use (Python >= 3.10 needed).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.convlab-installed
+# GPU extras (CUDA 12 wheels, CuPy) only where an NVIDIA driver answers.
+EXTRAS := dev$(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo ,gpu)
+
+.PHONY: lab test lint doctor exercises clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $@
+
+lab: $(STAMP)
+	$(PY) -m convlab doctor || true
+	$(VENV)/bin/jupyter lab --notebook-dir=. $(LAB_ARGS)
+
+test: $(STAMP)
+	$(PY) -m ruff check convlab tests
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check convlab tests
+
+doctor: $(STAMP)
+	$(PY) -m convlab doctor
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

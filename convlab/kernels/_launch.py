@@ -1,0 +1,56 @@
+"""What every kernel launcher shares: argument checks, refusals, grid arithmetic.
+
+The common launcher signature (device arrays, float32, NCHW)::
+
+    conv2d_<name>(x, w, out, stride=1, padding=0, dilation=1, groups=1) -> out
+
+x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q) preallocated by the caller. A kernel
+refuses what it does not support with `Unsupported`; it never returns a wrong answer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..reference import ConvParams, conv_params
+
+# Argument types of the direct-conv kernels (x, w, y, stride, padding, dilation), for
+# compiling to PTX without a GPU (cuda.compile_ptx) and reading register counts.
+CONV_SIGNATURE = ("(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], "
+                  "int64, int64, int64, int64, int64, int64)")
+
+
+class Unsupported(ValueError):
+    """This kernel does not handle the requested argument or shape."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def conv_launch_params(name: str, x, w, out, stride, padding, dilation, groups,
+                       supports=("stride", "padding", "dilation")) -> ConvParams:
+    """Validate a launch; return its ConvParams or raise a clear error."""
+    for label, a in (("x", x), ("w", w), ("out", out)):
+        if a is None or not hasattr(a, "shape"):
+            raise TypeError(f"{name}: {label} must be a device array, got {type(a).__name__}")
+        if np.dtype(a.dtype) != np.float32:
+            raise TypeError(f"{name}: {label} must be float32, got {a.dtype}")
+    if groups != 1:
+        raise Unsupported(f"{name} does not support groups={groups} (only 1)")
+    p = conv_params(x.shape, w.shape, stride, padding, dilation, groups)
+    if "stride" not in supports and p.stride != (1, 1):
+        raise Unsupported(f"{name} does not support stride {p.stride} (only 1)")
+    if "padding" not in supports and p.padding != (0, 0):
+        raise Unsupported(f"{name} does not support padding {p.padding} (only 0)")
+    if "dilation" not in supports and p.dilation != (1, 1):
+        raise Unsupported(f"{name} does not support dilation {p.dilation} (only 1)")
+    if tuple(out.shape) != p.out_shape:
+        raise ValueError(f"{name}: out has shape {tuple(out.shape)}, expected {p.out_shape}")
+    return p
+
+
+def launcher(fn):
+    """Mark fn as a GPU launcher (device arrays in, fills `out`) for checkers and bench."""
+    fn.device = True
+    return fn

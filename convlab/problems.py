@@ -1,0 +1,111 @@
+"""Problem sizes, in one place, scaled for the runtime.
+
+On a real GPU the course uses real layers (ResNet-50's 3x3 convolutions at batch 32);
+under the simulator, which spends ~65 µs per CUDA thread, the same names give tiny
+shapes so that every notebook still runs top to bottom in seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from . import reference as ref
+
+
+@dataclass(frozen=True)
+class ConvProblem:
+    """One convolution layer: x (N, C, H, W), w (K, C, R, S)."""
+
+    name: str
+    N: int
+    C: int
+    H: int
+    W: int
+    K: int
+    R: int = 3
+    S: int = 3
+    stride: int = 1
+    padding: int = 1
+    dilation: int = 1
+
+    @property
+    def x_shape(self):
+        return (self.N, self.C, self.H, self.W)
+
+    @property
+    def w_shape(self):
+        return (self.K, self.C, self.R, self.S)
+
+    @property
+    def kwargs(self) -> dict:
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation)
+
+    @property
+    def out_shape(self):
+        return ref.conv_params(self.x_shape, self.w_shape, **self.kwargs).out_shape
+
+    @property
+    def flops(self) -> int:
+        return ref.conv2d_flops(self.x_shape, self.w_shape, **self.kwargs)
+
+    @property
+    def bytes(self) -> int:
+        return ref.conv2d_bytes(self.x_shape, self.w_shape, **self.kwargs)
+
+    def with_batch(self, N: int) -> ConvProblem:
+        return replace(self, N=N, name=f"{self.name} (batch {N})")
+
+    def __str__(self) -> str:
+        s = f"{self.name}: x {self.x_shape}, w {self.w_shape}"
+        if self.stride != 1:
+            s += f", stride {self.stride}"
+        return s + f", pad {self.padding}"
+
+
+# Real layers (GPU). ResNet-50's 3x3 convolutions at batch 32, its 7x7 stem, batch 1.
+GPU_LAYERS = {
+    "resnet64": ConvProblem("64ch 56x56", 32, 64, 56, 56, 64),
+    "resnet128": ConvProblem("128ch 28x28", 32, 128, 28, 28, 128),
+    "resnet256": ConvProblem("256ch 14x14", 32, 256, 14, 14, 256),
+    "stem": ConvProblem("stem 7x7/2", 32, 3, 224, 224, 64, 7, 7, stride=2, padding=3),
+    "batch1": ConvProblem("64ch 56x56 batch 1", 1, 64, 56, 56, 64),
+    # a realistic CPU layer for lessons 02-03
+    "cpu": ConvProblem("64ch 56x56 batch 8", 8, 64, 56, 56, 64),
+}
+
+# Tiny stand-ins with the same names for the simulator (odd sizes on purpose).
+SIM_LAYERS = {
+    "resnet64": ConvProblem("64ch 56x56 (sim: 4ch 14x14)", 1, 4, 14, 14, 4),
+    "resnet128": ConvProblem("128ch 28x28 (sim: 8ch 10x10)", 1, 8, 10, 10, 8),
+    "resnet256": ConvProblem("256ch 14x14 (sim: 8ch 7x7)", 1, 8, 7, 7, 8),
+    "stem": ConvProblem("stem 7x7/2 (sim: 3ch 20x20)", 1, 3, 20, 20, 4, 7, 7, stride=2,
+                        padding=3),
+    "batch1": ConvProblem("64ch 56x56 batch 1 (sim: 4ch 12x12)", 1, 4, 12, 12, 4),
+    "cpu": ConvProblem("64ch 56x56 batch 8 (CI: 8ch 20x20)", 2, 8, 20, 20, 8),
+}
+
+RESNET = ("resnet64", "resnet128", "resnet256")
+
+
+def _sim() -> bool:
+    from .runtime import is_simulator
+
+    return is_simulator()
+
+
+def conv_layer(name: str, real: bool | None = None) -> ConvProblem:
+    """The named layer, real-sized on a GPU, tiny under the simulator (real=None: auto)."""
+    table = GPU_LAYERS if (not _sim() if real is None else real) else SIM_LAYERS
+    if name not in table:
+        raise KeyError(f"unknown layer {name!r}; known: {', '.join(table)}")
+    return table[name]
+
+
+def image_size(real: bool | None = None) -> int:
+    """Side of the square single-channel image for the image-filter lessons."""
+    return 4096 if (not _sim() if real is None else real) else 48
+
+
+def gemm_size(real: bool | None = None) -> int:
+    """M = N = K of the square GEMMs the course times."""
+    return 4096 if (not _sim() if real is None else real) else 40

@@ -1,0 +1,345 @@
+"""Where the course runs: a real CUDA GPU or the Numba CUDA simulator.
+
+`setup()` must decide before numba is imported, because numba reads
+``NUMBA_ENABLE_CUDASIM`` once, at import. That is why ``import convlab`` never
+imports numba, and why every module that needs numba calls `setup()` first.
+
+`doctor()` prints what this machine has and every known problem with its fix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.metadata as md
+import os
+import platform as _platform
+import sys
+from dataclasses import dataclass, field
+
+MODES = ("gpu", "sim")
+_state: dict = {"mode": None, "fixes": []}
+
+
+@dataclass
+class Problem:
+    """One thing wrong with the environment, and how to fix it."""
+
+    what: str
+    fix: str
+    fatal: bool = True
+
+    def __str__(self) -> str:
+        return f"{'PROBLEM' if self.fatal else 'note'}: {self.what}\n    fix: {self.fix}"
+
+
+@dataclass
+class Report:
+    """What `doctor()` found: facts as (name, value) rows, and problems."""
+
+    rows: list = field(default_factory=list)
+    problems: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(p.fatal for p in self.problems)
+
+
+# ----------------------------------------------------------------------------------------
+# Detection that never imports numba
+
+
+def hosted_platform() -> str:
+    """'colab', 'kaggle' or 'local'."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "colab"
+    if "KAGGLE_KERNEL_RUN_TYPE" in os.environ or os.path.isdir("/kaggle/working"):
+        return "kaggle"
+    return "local"
+
+
+def _libcuda():
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def driver_info() -> dict:
+    """Driver version and GPU count straight from libcuda (no numba, no toolkit).
+
+    Returns ``{"driver": None}`` when there is no NVIDIA driver.
+    """
+    lib = _libcuda()
+    if lib is None:
+        return {"driver": None, "gpus": 0, "error": "libcuda not found (no NVIDIA driver)"}
+    if lib.cuInit(0) != 0:
+        return {"driver": None, "gpus": 0, "error": "cuInit failed (driver present, no usable GPU)"}
+    version, count = ctypes.c_int(0), ctypes.c_int(0)
+    lib.cuDriverGetVersion(ctypes.byref(version))
+    lib.cuDeviceGetCount(ctypes.byref(count))
+    v = version.value
+    return {"driver": f"{v // 1000}.{(v % 1000) // 10}", "gpus": count.value, "error": None}
+
+
+def gpu_available() -> bool:
+    """True when a CUDA driver reports at least one GPU."""
+    return driver_info()["gpus"] > 0
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _vtuple(v: str | None) -> tuple:
+    out = []
+    for part in (v or "0").split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------
+# Setup
+
+
+def apply_compat_fixes() -> list[str]:
+    """Patch known incompatibilities before numba-cuda compiles anything.
+
+    NumPy 2.5 removed ``np.row_stack``; numba-cuda 0.30.4 registers an overload for it
+    while compiling its first kernel and fails on every kernel. The alias is restored
+    (it was ``np.vstack`` all along).
+    """
+    import numpy as np
+
+    fixes = []
+    try:
+        np.row_stack  # noqa: B018
+    except AttributeError:
+        np.row_stack = np.vstack
+        fixes.append("numpy>=2.5: restored np.row_stack = np.vstack for numba-cuda 0.30.x")
+    for f in fixes:
+        if f not in _state["fixes"]:
+            _state["fixes"].append(f)
+    return fixes
+
+
+def setup(mode: str | None = None) -> str:
+    """Choose the real GPU or the simulator, before numba is imported; return the mode.
+
+    mode: 'gpu', 'sim' or None (auto: the ``CONVLAB_MODE`` variable, else
+    ``NUMBA_ENABLE_CUDASIM``, else 'gpu' when a driver reports a GPU).
+    Calling it again with the same answer is free; asking to switch after numba is
+    imported raises, because numba cannot switch (restart the kernel).
+    """
+    if mode is None:
+        mode = os.environ.get("CONVLAB_MODE") or None
+    if mode is None and os.environ.get("NUMBA_ENABLE_CUDASIM") in ("0", "1"):
+        mode = "sim" if os.environ["NUMBA_ENABLE_CUDASIM"] == "1" else None
+    if mode is None:
+        mode = _state["mode"] or ("gpu" if gpu_available() else "sim")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+    if "numba" in sys.modules:
+        current = _numba_mode()
+        if current != mode:
+            raise RuntimeError(
+                f"numba is already imported in {current!r} mode, so convlab cannot switch to "
+                f"{mode!r}. Restart the kernel and call convlab.setup({mode!r}) before "
+                "anything imports numba."
+            )
+    elif mode == "sim":
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    else:
+        os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+    _state["mode"] = mode
+    apply_compat_fixes()
+    return mode
+
+
+def _numba_mode() -> str:
+    from numba import config
+
+    return "sim" if config.ENABLE_CUDASIM else "gpu"
+
+
+def mode() -> str:
+    """The current mode, running `setup()` with defaults if nobody has yet."""
+    return _state["mode"] or setup()
+
+
+def is_simulator() -> bool:
+    return mode() == "sim"
+
+
+def cuda():
+    """``numba.cuda``, imported only after `setup()` has chosen the mode."""
+    mode()
+    from numba import cuda as _cuda
+
+    return _cuda
+
+
+# ----------------------------------------------------------------------------------------
+# Doctor
+
+_SMOKE_SRC = """
+def _convlab_smoke(x, y):
+    i = cuda.grid(1)
+    if i < x.size:
+        y[i] = x[i] * float32(2.0) + float32(1.0)
+"""
+
+
+def _smoke_kernel():
+    from numba import float32
+
+    cuda_ = cuda()
+    ns = {"cuda": cuda_, "float32": float32}
+    exec(_SMOKE_SRC, ns)  # noqa: S102  (a fixed kernel, compiled fresh each time)
+    return ns["_convlab_smoke"]
+
+
+def compile_smoke(cc: tuple = (7, 5)) -> str:
+    """Compile a tiny kernel to PTX for compute capability `cc`; needs NVVM, not a GPU.
+
+    This is the check that catches a broken numba-cuda/NumPy pair: the simulator never
+    compiles, so it cannot see one.
+    """
+    cuda_ = cuda()
+    if is_simulator():
+        raise RuntimeError("compile_smoke() needs the real CUDA target; run without the simulator")
+    ptx, _ = cuda_.compile_ptx(_smoke_kernel(), "(float32[:], float32[:])", cc=cc)
+    return ptx
+
+
+def run_smoke() -> None:
+    """Compile and run a tiny kernel on the current target and check its answer."""
+    import numpy as np
+
+    cuda_ = cuda()
+    kernel = cuda_.jit(_smoke_kernel())
+    x = np.arange(1000, dtype=np.float32)
+    y = np.full_like(x, np.nan)
+    kernel[4, 256](x, y)
+    if not np.array_equal(y, 2 * x + 1):
+        raise RuntimeError("smoke kernel returned a wrong answer")
+
+
+def diagnose() -> Report:
+    """Collect the facts and problems `doctor()` prints."""
+    rep = Report()
+    rows, problems = rep.rows, rep.problems
+    rows.append(("python", sys.version.split()[0]))
+    rows.append(("platform", f"{_platform.platform()} ({hosted_platform()})"))
+
+    np_v, numba_v, nbc_v = _version("numpy"), _version("numba"), _version("numba-cuda")
+    for dist in ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "torch",
+                 "scipy", "ipywidgets", "jupyterlab"):
+        v = _version(dist)
+        if v or dist in ("numpy", "numba", "numba-cuda"):
+            rows.append((dist, v or "not installed"))
+
+    if numba_v is None or nbc_v is None:
+        problems.append(Problem("numba / numba-cuda is not installed",
+                                'pip install "numba-cuda==0.30.4" (or: make lab)'))
+    elif _vtuple(nbc_v)[:2] != (0, 30):
+        problems.append(Problem(
+            f"numba-cuda {nbc_v} is not the 0.30.x series the course is tested with",
+            'pip install "numba-cuda==0.30.4"', fatal=False))
+    if _vtuple(np_v) >= (2, 5):
+        problems.append(Problem(
+            f"NumPy {np_v} removed np.row_stack, which numba-cuda 0.30.4 needs to compile",
+            "convlab.setup() restores the alias (applied in this process); for other code "
+            'pin: pip install "numpy<2.5"', fatal=False))
+
+    drv = driver_info()
+    rows.append(("NVIDIA driver", drv["driver"] or f"none ({drv['error']})"))
+    rows.append(("GPUs (driver)", str(drv["gpus"])))
+    forced_sim = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and _state["mode"] != "sim"
+    if forced_sim and drv["gpus"] > 0:
+        problems.append(Problem("NUMBA_ENABLE_CUDASIM=1 is set although a GPU is present",
+                                "unset NUMBA_ENABLE_CUDASIM, or call convlab.setup('gpu')",
+                                fatal=False))
+    if os.environ.get("CUPY_TF32") not in (None, "", "0"):
+        problems.append(Problem("CUPY_TF32 is set: CuPy float32 GEMMs use TF32 (less accurate)",
+                                "unset CUPY_TF32 for fp32 baselines", fatal=False))
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        problems.append(Problem("ipywidgets is missing: the explorers show as text",
+                                'pip install "ipywidgets>=8"', fatal=False))
+
+    if numba_v is None or nbc_v is None:
+        return rep
+    try:
+        current = mode()
+    except RuntimeError as e:
+        problems.append(Problem(str(e), "restart the kernel"))
+        return rep
+    rows.append(("mode", "Numba CUDA simulator (no timings)" if current == "sim" else "real GPU"))
+    rows.extend(("compat fix", f) for f in _state["fixes"])
+    cuda_ = cuda()
+    if current == "gpu":
+        try:
+            dev = cuda_.get_current_device()
+            cc = dev.compute_capability
+            rows.append(("device", dev.name.decode() if isinstance(dev.name, bytes) else dev.name))
+            rows.append(("compute capability", f"{cc[0]}.{cc[1]}"))
+            rows.append(("multiprocessors", str(dev.MULTIPROCESSOR_COUNT)))
+            free, total = cuda_.current_context().get_memory_info()
+            rows.append(("GPU memory", f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} free)"))
+            rt = cuda_.runtime.get_version()
+            rows.append(("CUDA runtime (numba)", f"{rt[0]}.{rt[1]}"))
+            if cc < (7, 5) and _vtuple(_version("cuda-bindings") or "0")[0] >= 13:
+                problems.append(Problem(
+                    f"compute capability {cc[0]}.{cc[1]} is not supported by CUDA 13 builds",
+                    'use CUDA 12 wheels: pip install "numba-cuda[cu12]==0.30.4" cupy-cuda12x'))
+        except Exception as e:  # noqa: BLE001  (doctor reports, never crashes)
+            problems.append(Problem(
+                f"cannot open the GPU: {e}",
+                "check nvidia-smi; on Colab: Runtime > Change runtime type > GPU"))
+            return rep
+    try:
+        run_smoke()
+        rows.append(("smoke kernel", "compiled and ran correctly" if current == "gpu"
+                     else "ran correctly in the simulator"))
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        fix = 'pip install "numba-cuda[cu12]==0.30.4"  (nvJitLink handles a newer toolkit)'
+        if "UNSUPPORTED_PTX_VERSION" in str(e):
+            fix = ('the driver is older than the toolkit: pip install "numba-cuda[cu12]==0.30.4" '
+                   "(brings nvJitLink), then restart")
+        problems.append(Problem(
+            f"a kernel failed to compile or run: {type(e).__name__}: {msg}", fix))
+    return rep
+
+
+def doctor(file=None) -> Report:
+    """Print platform, driver, CUDA, compute capability, versions and problems with fixes."""
+    file = file or sys.stdout
+    rep = diagnose()
+    width = max(len(k) for k, _ in rep.rows)
+    print("convlab doctor", file=file)
+    for k, v in rep.rows:
+        print(f"  {k:<{width}}  {v}", file=file)
+    if rep.problems:
+        print("", file=file)
+        for p in rep.problems:
+            print(str(p), file=file)
+    print("\nverdict: " + ("OK" if rep.ok else "problems found (fixes above)"), file=file)
+    return rep
+
+
+def import_optional(name: str):
+    """Import an optional package (cupy, torch) or return None."""
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001  (a broken optional install is as good as none)
+        return None

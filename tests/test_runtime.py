@@ -1,0 +1,141 @@
+"""convlab.runtime: mode choice before numba, the NumPy 2.5 shim, doctor, PTX compilation."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import convlab
+from convlab import runtime
+
+
+def py(code: str, **env) -> subprocess.CompletedProcess:
+    e = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "CONVLAB_MODE")}
+    e.update(env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=e, timeout=300)
+
+
+def test_import_convlab_does_not_import_numba():
+    r = py("import sys, convlab; import convlab.reference, convlab.check, convlab.problems; "
+           "print('numba' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
+def test_setup_sim_sets_the_variable_before_numba():
+    r = py("""
+        import os, convlab
+        assert convlab.setup('sim') == 'sim'
+        assert os.environ['NUMBA_ENABLE_CUDASIM'] == '1'
+        from numba import config
+        print(config.ENABLE_CUDASIM)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() in ("1", "True")
+
+
+def test_switching_after_numba_import_raises_clearly():
+    r = py("""
+        import convlab
+        convlab.setup('sim')
+        import numba.cuda
+        try:
+            convlab.setup('gpu')
+        except RuntimeError as e:
+            print(e)
+    """)
+    assert "Restart the kernel" in r.stdout, r.stdout + r.stderr
+
+
+def test_mode_from_environment():
+    r = py("import convlab; print(convlab.setup())", CONVLAB_MODE="sim")
+    assert r.stdout.strip() == "sim"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        runtime.setup("tpu")
+
+
+def test_hosted_platform_detection(monkeypatch):
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    if not os.path.isdir("/kaggle/working"):
+        assert runtime.hosted_platform() == "local"
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert runtime.hosted_platform() == "kaggle"
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-x")
+    assert runtime.hosted_platform() == "colab"
+
+
+# NumPy 2.5 removed np.row_stack; numba-cuda 0.30.4 then fails on every kernel. Simulate
+# NumPy 2.5 by deleting the alias, and show the failure and the fix. Needs NVVM (the
+# nvidia-cuda-nvcc wheel), not a GPU.
+COMPILE = """
+    import numpy as np
+    del np.row_stack  # what NumPy 2.5 did
+    {setup}
+    from numba import cuda, float32
+    from convlab.kernels.conv02_coalesced import conv2d_coalesced_kernel as k
+    from convlab.kernels._launch import CONV_SIGNATURE
+    ptx, _ = cuda.compile_ptx(k.py_func, CONV_SIGNATURE, cc=(9, 0))
+    assert ".target sm_90" in ptx and "ld.global" in ptx
+    print("compiled", len(ptx))
+"""
+
+
+def test_numpy25_breaks_numba_cuda_without_the_shim():
+    r = py("""
+        import numpy as np
+        del np.row_stack  # what NumPy 2.5 did; no convlab, so no shim
+        from numba import cuda, float32
+        def k(x):
+            x[0] = float32(1.0)
+        cuda.compile_ptx(k, "(float32[:],)", cc=(9, 0))
+    """)
+    assert r.returncode != 0 and "row_stack" in r.stderr, r.stdout + r.stderr[-2000:]
+
+
+def test_setup_shims_numpy25_and_kernels_compile_to_ptx():
+    r = py(COMPILE.format(setup="import convlab; convlab.setup('gpu')"), CONVLAB_MODE="gpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("compiled")
+
+
+def test_every_ladder_kernel_compiles_to_ptx():
+    r = py("""
+        import convlab; convlab.setup('gpu')
+        from numba import cuda
+        from convlab.kernels import ptx_report
+        for name, info in ptx_report(cc=(9, 0)).items():
+            print(name, info["lines"])
+    """, CONVLAB_MODE="gpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "naive" in r.stdout and "coalesced" in r.stdout
+
+
+def test_doctor_reports_simulator_and_no_problems():
+    r = subprocess.run([sys.executable, "-m", "convlab", "doctor", "--sim"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Numba CUDA simulator" in r.stdout
+    assert "ran correctly in the simulator" in r.stdout
+    assert "verdict: OK" in r.stdout
+
+
+def test_doctor_reports_problems_with_fixes(monkeypatch):
+    monkeypatch.setenv("CUPY_TF32", "1")
+    rep = runtime.diagnose()
+    texts = [str(p) for p in rep.problems]
+    assert any("CUPY_TF32" in t and "fix:" in t for t in texts)
+
+
+def test_doctor_flags_numpy_25(monkeypatch):
+    monkeypatch.setattr(runtime, "_version", lambda d: "2.5.2" if d == "numpy" else
+                        {"numba": "0.68.1", "numba-cuda": "0.30.4"}.get(d))
+    rep = runtime.diagnose()
+    assert any("row_stack" in p.what for p in rep.problems)
+
+
+def test_version():
+    assert convlab.__version__
