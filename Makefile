@@ -8,6 +8,9 @@ STAMP  := $(VENV)/.convlab-installed
 # GPU extras (CUDA 12 wheels, CuPy) only where an NVIDIA driver answers.
 EXTRAS := dev$(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo ,gpu)
 
+# JupyterLab refuses to run as root unless told (containers, Colab-like machines).
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
 .PHONY: lab test lint doctor exercises clean
 
 $(STAMP): pyproject.toml
@@ -19,7 +22,7 @@ $(STAMP): pyproject.toml
 
 lab: $(STAMP)
 	$(PY) -m convlab doctor || true
-	$(VENV)/bin/jupyter lab --notebook-dir=. $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=. $(ROOT_FLAG) $(LAB_ARGS)
 
 test: $(STAMP)
 	$(PY) -m ruff check convlab tests
