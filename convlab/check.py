@@ -18,6 +18,7 @@ that failed, the first bad index, max abs / rel error and (in a notebook) an err
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -192,6 +193,22 @@ def _to_host(a):
     return np.asarray(a)
 
 
+# Hooks for the autograder (convlab.grading.sandbox): context managers entered around every
+# call of the learner's function, e.g. to make convlab.reference and convlab.kernels refuse to
+# run inside an answer and to check afterwards that nothing was tampered with. Empty outside
+# grading, so the checkers behave the same in a learner's notebook.
+ANSWER_GUARDS: list = []
+
+
+@contextlib.contextmanager
+def learner_call(fn):
+    """Run the body as 'the learner's code is running' (enters every ANSWER_GUARDS hook)."""
+    with contextlib.ExitStack() as stack:
+        for guard in tuple(ANSWER_GUARDS):
+            stack.enter_context(guard(fn))
+        yield
+
+
 def call(fn, inputs: list, out_shape, kwargs: dict, device: bool):
     """Run fn once; return its output on the host (or raise CheckError).
 
@@ -206,17 +223,21 @@ def call(fn, inputs: list, out_shape, kwargs: dict, device: bool):
                              "which this task needs")
     if _writes_out(fn):
         out = cuda.to_device(poisoned(out_shape)) if device else poisoned(out_shape)
-        fn(*args, out=out, **kwargs)
+        with learner_call(fn):
+            fn(*args, out=out, **kwargs)
+            if device:
+                cuda.synchronize()
+        return _to_host(out)
+    with learner_call(fn):
+        result = fn(*args, **kwargs)
         if device:
             cuda.synchronize()
-        return _to_host(out)
-    result = fn(*args, **kwargs)
-    if device:
-        cuda.synchronize()
+        # the learner's object may run code when converted: convert inside the guard
+        result = None if result is None else np.asarray(_to_host(result))
     if result is None:
         raise CheckError(f"{_name(fn)} returned None: not implemented yet? (it must return "
                          "the output array, or take an `out` argument and fill it)")
-    return _to_host(result)
+    return result
 
 
 def _name(fn) -> str:
