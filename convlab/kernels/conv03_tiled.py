@@ -1,0 +1,194 @@
+"""Ladder step 3: direct convolution from shared-memory tiles.
+
+The naive kernels read every input value R*S*K times and every filter tap P*Q*N times
+from global memory. Here a block of TX x TY threads computes a TX x TY tile of output
+pixels for a block of KPT output channels of one image, and walks over the input
+channels CB at a time:
+
+1. all threads copy the input tile (the output tile's receptive field: the tile plus
+   its halo, (TY-1)*stride + (R-1)*dilation + 1 rows) for CB channels, and the KPT x CB
+   x R x S filter taps, from global into shared memory;
+2. ``cuda.syncthreads()``: nobody reads the tiles before everybody has written them;
+3. every thread computes its pixel for the KPT output channels from shared memory: one
+   input value read from the tile feeds KPT multiply-adds (the taps are read by all
+   threads of a warp at the same address: a broadcast);
+4. ``cuda.syncthreads()`` again, before the next channel block overwrites the tiles.
+
+Threads whose pixel lies outside the output (the last tiles of an odd-sized image)
+still help load and still reach every ``syncthreads``; they only skip the store.
+
+The tile shapes depend on the filter size, stride and dilation, and shared-memory
+arrays need their size at compile time, so `make_kernel` compiles (and caches) one
+kernel per (R, S, stride, dilation, tile) combination. Index arithmetic is kept in 32
+bits (Numba's default is 64) and cast to uint32 where it indexes, which removes Numba's
+negative-index checks (loop counters over unsigned bounds are unsigned too); arrays
+are passed flattened, so shapes beyond 2**31 elements are
+refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+
+# (threads along output columns, threads along output rows, output channels per thread,
+# input channels per shared-memory stage). Chosen by the H200 sweep in
+# tools/gpu/lesson06_sweep.py (results in convlab/results/).
+TILE = dict(tx=32, ty=8, kpt=8, cb=8)
+SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block
+
+_CACHE: dict = {}
+
+
+def _align():
+    """16-byte alignment for the filter tile, so 4 taps load as one 128-bit shared read.
+
+    The simulator refuses an alignment argument, and it needs none.
+    """
+    from ..runtime import is_simulator
+
+    return None if is_simulator() else 16
+
+
+def tile_shapes(R, S, sh, sw, dh, dw, tx, ty, kpt, cb):
+    """(rows, columns) of the input tile, and the shared-memory bytes for cb channels."""
+    HI = (ty - 1) * sh + (R - 1) * dh + 1
+    WI = (tx - 1) * sw + (S - 1) * dw + 1
+    return HI, WI, 4 * cb * (HI * WI + R * S * kpt)
+
+
+def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=8, cb=8):
+    """Compile (once) the tiled kernel for this filter size, stride, dilation and tile."""
+    key = (R, S, sh, sw, dh, dw, tx, ty, kpt, cb)
+    if key in _CACHE:
+        return _CACHE[key]
+    HI, WI, nbytes = tile_shapes(R, S, sh, sw, dh, dw, tx, ty, kpt, cb)
+    if nbytes > SHARED_LIMIT:
+        raise Unsupported(f"conv2d_tiled: tiles of {nbytes} bytes exceed {SHARED_LIMIT} bytes "
+                          "of shared memory")
+    RS = R * S
+    NT = tx * ty
+    XT = HI * WI  # one channel of the input tile
+    NX = cb * XT  # floats of input tile
+    NW = cb * RS * kpt  # floats of filter tile
+    NLX = -(-NX // NT)  # input loads per thread
+    NLW = -(-NW // NT)  # filter loads per thread
+    # unsigned constants for the inner loops: Numba types a range over an unsigned value
+    # as unsigned, and unsigned indices need no negative-index check
+    U = np.uint32
+    ALIGN = _align()
+    CBu, Ru, Su, KPTu, XTu, DHWI, DWu = U(cb), U(R), U(S), U(kpt), U(XT), U(dh * WI), U(dw)
+
+    @cuda.jit
+    def conv2d_tiled_kernel(x, w, y, C, H, W, K, P, Q, ph, pw):
+        # x, w, y flattened to 1-D (NCHW, KCRS, NKPQ); all sizes int32
+        xs = cuda.shared.array(NX, float32)  # [c][row][col]
+        ws = cuda.shared.array(NW, float32, ALIGN)  # [c][r][s][k]: taps side by side
+        t = uint32(cuda.threadIdx.y * tx + cuda.threadIdx.x)
+        ntq = (Q + (tx - 1)) // tx
+        tile_p = int32(cuda.blockIdx.x) // ntq
+        tile_q = int32(cuda.blockIdx.x) - tile_p * ntq
+        k0 = int32(cuda.blockIdx.y * kpt)
+        n = int32(cuda.blockIdx.z)
+        p = int32(tile_p * ty + cuda.threadIdx.y)
+        q = int32(tile_q * tx + cuda.threadIdx.x)
+        h0 = int32(tile_p * ty * sh - ph)  # input row of the tile's first element
+        w0 = int32(tile_q * tx * sw - pw)
+        acc = cuda.local.array(kpt, float32)
+        for kk in range(kpt):
+            acc[kk] = float32(0.0)
+        xv = cuda.local.array(NLX, float32)
+        wv = cuda.local.array(NLW, float32)
+        base = uint32(cuda.threadIdx.y * (sh * WI) + cuda.threadIdx.x * sw)
+        for c0 in range(0, C, cb):
+            # 1. global -> registers (all loads in flight together), then -> shared
+            for it in range(NLX):
+                i = t + it * NT
+                val = float32(0.0)
+                if i < NX:
+                    c = i // XT
+                    rem = i - c * XT
+                    rr = rem // WI
+                    gc = int32(c0 + c)
+                    gh = int32(h0 + rr)
+                    gw = int32(w0 + (rem - rr * WI))
+                    if gc < C and 0 <= gh < H and 0 <= gw < W:
+                        val = x[uint32(((n * C + gc) * H + gh) * W + gw)]
+                xv[it] = val
+            for it in range(NLW):
+                i = t + it * NT
+                val = float32(0.0)
+                if i < NW:
+                    kk = i // (cb * RS)  # s fastest: contiguous runs of w in global
+                    rem = i - kk * (cb * RS)
+                    c = rem // RS
+                    gk = int32(k0 + kk)
+                    gc = int32(c0 + c)
+                    if gk < K and gc < C:
+                        val = w[uint32((gk * C + gc) * RS + (rem - c * RS))]
+                wv[it] = val
+            for it in range(NLX):
+                i = t + it * NT
+                if i < NX:
+                    xs[i] = xv[it]
+            for it in range(NLW):
+                i = t + it * NT
+                if i < NW:
+                    kk = i // (cb * RS)
+                    rem = i - kk * (cb * RS)
+                    ws[rem * kpt + kk] = wv[it]
+            cuda.syncthreads()  # 2. the tiles are complete
+            # 3. KPT outputs from shared memory (unsigned loop counters: see module doc)
+            for c in range(CBu):
+                for r in range(Ru):
+                    for s in range(Su):
+                        a = xs[base + c * XTu + r * DHWI + s * DWu]
+                        wb = ((c * Ru + r) * Su + s) * KPTu
+                        for kk in range(KPTu):
+                            acc[kk] += a * ws[wb + kk]
+            cuda.syncthreads()  # 4. everyone is done reading before the next stage
+        if p < P and q < Q:
+            for kk in range(kpt):
+                k = k0 + kk
+                if k < K:
+                    y[uint32(((n * K + k) * P + p) * Q + q)] = acc[kk]
+
+    _CACHE[key] = conv2d_tiled_kernel
+    return conv2d_tiled_kernel
+
+
+def launch(x, w, out, stride=1, padding=0, dilation=1, groups=1, *, tx, ty, kpt, cb):
+    """Run the tiled conv with an explicit tile (the sweep and the lessons use it)."""
+    p = conv_launch_params("conv2d_tiled", x, w, out, stride, padding, dilation, groups)
+    if max(x.size, w.size, out.size) >= 2**31:
+        raise Unsupported("conv2d_tiled: tensors of 2**31 elements or more need 64-bit indices")
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    _, _, nbytes = tile_shapes(p.R, p.S, sh, sw, dh, dw, tx, ty, kpt, 1)
+    cb = min(cb, SHARED_LIMIT // nbytes)  # fewer channels per stage for big receptive fields
+    if cb < 1:
+        raise Unsupported(f"conv2d_tiled: one channel of a {tx}x{ty} tile with a {p.R}x{p.S} "
+                          f"filter, stride {p.stride}, dilation {p.dilation} needs {nbytes} "
+                          f"bytes of shared memory (limit {SHARED_LIMIT})")
+    grid = (ceil_div(p.P, ty) * ceil_div(p.Q, tx), ceil_div(p.K, kpt), p.N)
+    if grid[1] > 65535 or grid[2] > 65535:
+        raise Unsupported(f"conv2d_tiled: grid {grid} too large")
+    k = make_kernel(p.R, p.S, sh, sw, dh, dw, tx, ty, kpt, cb)
+    i32 = np.int32
+    k[grid, (tx, ty)](x.reshape(x.size), w.reshape(w.size), out.reshape(out.size),
+                      i32(p.C), i32(p.H), i32(p.W), i32(p.K), i32(p.P), i32(p.Q), i32(ph),
+                      i32(pw))
+    return out
+
+
+@launcher
+def conv2d_tiled(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+    """Input tile + halo and a block of filters in shared memory; KPT channels per thread."""
+    return launch(x, w, out, stride, padding, dilation, groups, **TILE)
+
+
+# For PTX reports: the default tile, 3x3 filter, stride 1.
+KERNEL = make_kernel(3, 3, 1, 1, 1, 1, **TILE)
+SIGNATURE = ("(float32[::1], float32[::1], float32[::1], int32, int32, int32, int32, int32, "
+             "int32, int32, int32)")

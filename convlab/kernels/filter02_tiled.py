@@ -1,0 +1,137 @@
+"""Image filter, step 2: a halo tile in shared memory, the filter in constant memory.
+
+A block of TX x TY threads computes an output tile TX wide and TY*V tall: every thread
+computes V outputs stacked in one column. The block first copies the input tile it
+needs, the output tile plus a halo of R//2 rows and S//2 columns on each side, from
+global into shared memory (every pixel read from DRAM about once, with all of a
+thread's loads in flight together), waits at ``cuda.syncthreads()``, then computes from
+shared memory only. A thread slides down its column: each input row it reads from
+shared memory feeds up to R of its V accumulators, so it reads (V+R-1)*S values for
+V*R*S multiply-adds.
+
+The filter taps live in constant memory: ``cuda.const.array_like`` needs the filter as
+an array known when the kernel is compiled, so `make_kernel` builds (and caches) one
+kernel per filter and tile shape. Every thread reads the same tap at the same time,
+which constant memory serves as a broadcast.
+
+Launcher signature (device arrays, float32)::
+
+    filter2d_tiled(image (H, W), kernel (R, S), out (H, W)) -> out
+
+The kernel's taps are copied to the host once per distinct filter (a few bytes) to pick
+the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from ._filter import filter_launch_params
+from ._launch import Unsupported, ceil_div, launcher
+
+# Default tile: TX threads along a row (a full warp), TY rows of threads, V outputs per
+# thread, PAD extra floats per shared-memory row (for the bank-conflict experiments).
+# Chosen by the H200 sweep (tools/gpu/lesson06_sweep.py; results in convlab/results/).
+TILE = dict(tx=32, ty=8, v=8, pad=0)
+
+_CACHE: dict = {}
+
+
+def make_kernel(taps, tx: int = 32, ty: int = 8, v: int = 8, pad: int = 0):
+    """Compile (once) a tiled filter kernel for the filter `taps` and this tile shape."""
+    taps = np.ascontiguousarray(np.asarray(taps, dtype=np.float32))
+    key = (taps.shape, taps.tobytes(), tx, ty, v, pad)
+    if key in _CACHE:
+        return _CACHE[key]
+    R, S = taps.shape
+    HT = ty * v  # output rows per block
+    HI, WI = HT + R - 1, tx + S - 1  # input tile with its halo
+    WP = WI + pad  # row pitch in shared memory
+    NT = tx * ty
+    NIN = HI * WI
+    NLOAD = -(-NIN // NT)  # loads per thread
+    NSH = HI * WP  # floats of shared memory
+    if HI * WP * 4 > 48 * 1024:
+        raise Unsupported(f"filter2d_tiled: a {HI}x{WP} float tile does not fit in 48 KiB "
+                          "of shared memory; use a smaller tile or filter")
+    TAPS = taps  # read by cuda.const.array_like at compile time
+
+    @cuda.jit
+    def filter2d_tiled_kernel(img, out, H, W):
+        # img, out: the image flattened to 1-D; H, W: int32. Index arithmetic stays in
+        # 32 bits, and indices are cast to uint32 where they are used, which spares the
+        # 64-bit multiplies and the negative-index checks Numba adds for signed indices.
+        kc = cuda.const.array_like(TAPS)
+        tile = cuda.shared.array(NSH, float32)
+        tx_ = cuda.threadIdx.x
+        ty_ = cuda.threadIdx.y
+        t = uint32(ty_ * tx + tx_)  # unsigned: the compiler then knows i >= 0 below
+        bx0 = int32(cuda.blockIdx.x * tx)  # first output column of the tile
+        by0 = int32(cuda.blockIdx.y * HT)  # first output row of the tile
+        # 1. global -> registers: every load of this thread issued before any is used
+        vals = cuda.local.array(NLOAD, float32)
+        for it in range(NLOAD):
+            i = t + it * NT
+            val = float32(0.0)
+            if i < NIN:
+                rr = i // WI
+                gy = int32(by0 + (rr - R // 2))
+                gx = int32(bx0 + (i - rr * WI - S // 2))
+                if 0 <= gy < H and 0 <= gx < W:  # zero padding outside the image
+                    val = img[uint32(gy * W + gx)]
+            vals[it] = val
+        # 2. registers -> shared tile
+        for it in range(NLOAD):
+            i = t + it * NT
+            if i < NIN:
+                if pad == 0:
+                    tile[i] = vals[it]
+                else:
+                    rr = i // WI
+                    tile[rr * WP + (i - rr * WI)] = vals[it]
+        cuda.syncthreads()  # the whole tile is written before anyone reads it
+        # 3. compute V outputs down one column, sliding over the rows of the tile
+        acc = cuda.local.array(v, float32)
+        for j in range(v):
+            acc[j] = float32(0.0)
+        base = uint32(ty_ * (v * WP) + tx_)
+        for j in range(v + R - 1):
+            for s in range(S):
+                a = tile[base + (j * WP + s)]
+                for r in range(R):
+                    o = j - r
+                    if 0 <= o < v:
+                        acc[o] += a * kc[r, s]
+        gx = int32(bx0 + tx_)
+        if gx < W:
+            for j in range(v):
+                gy = int32(by0 + ty_ * v + j)
+                if gy < H:
+                    out[uint32(gy * W + gx)] = acc[j]
+
+    _CACHE[key] = filter2d_tiled_kernel
+    return filter2d_tiled_kernel
+
+
+def launch(image, kernel, out, tx: int, ty: int, v: int, pad: int = 0, taps=None):
+    """Run the tiled filter with an explicit tile shape (the sweep and the lessons use it)."""
+    H, W, R, S = filter_launch_params("filter2d_tiled", image, kernel, out)
+    if taps is None:
+        taps = kernel.copy_to_host() if hasattr(kernel, "copy_to_host") else np.asarray(kernel)
+    k = make_kernel(taps, tx, ty, v, pad)
+    k[(ceil_div(W, tx), ceil_div(H, ty * v)), (tx, ty)](
+        image.reshape(H * W), out.reshape(H * W), np.int32(H), np.int32(W))
+    return out
+
+
+@launcher
+def filter2d_tiled(image, kernel, out):
+    """Tiled 2-D filter ('same' zero padding, odd filter sizes), filter in constant memory."""
+    return launch(image, kernel, out, **TILE)
+
+
+# For PTX reports: the default tile with a 3x3 Gaussian.
+GAUSS3 = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
+KERNEL = make_kernel(GAUSS3, **TILE)
+SIGNATURE = "(float32[::1], float32[::1], int32, int32)"
