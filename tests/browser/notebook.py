@@ -72,10 +72,13 @@ def state(page) -> dict | None:
     return page.evaluate(_STATE_JS, PANEL)
 
 
-def open_notebook(page, url: str, timeout: float = 90) -> dict:
-    """Load a notebook page; wait until its cells are shown and its kernel is idle."""
+def open_notebook(page, url: str, n_cells: int, timeout: float = 90) -> dict:
+    """Load a notebook page; wait until all its n_cells are shown and its kernel is idle."""
     page.goto(url)
-    page.wait_for_selector(f"{PANEL} .jp-Notebook .jp-Cell", timeout=timeout * 1000)
+    page.wait_for_function(
+        "([panel, n]) => { const nb = document.querySelector(panel);"
+        " return nb && nb.querySelectorAll('.jp-Notebook .jp-Cell').length >= n; }",
+        arg=[PANEL, n_cells], timeout=timeout * 1000)
     page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']",
                            timeout=timeout * 1000)
     return state(page)
