@@ -1,0 +1,237 @@
+"""ipywidgets explorers for the lessons (JupyterLab with ipywidgets 8).
+
+`filter_explorer` slides a filter over an image: pick a filter, move the row/column
+sliders (or press play) and watch the window, the nine products and the output pixel
+they form. Pictures are PNGs drawn with matplotlib's Agg backend into an
+``ipywidgets.Image``, so they update without a plotting backend in the browser.
+
+Without a widget frontend (plain Python, a static renderer, JupyterLab without the widget
+extension) the explorer degrades visibly: outside a kernel it prints a note and returns a
+static picture of one position; inside a kernel whose frontend cannot draw widgets, the
+text shown instead of the widget says what is missing and how to install it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from . import reference as ref
+
+NO_FRONTEND = ("This interactive widget could not be displayed here: the filter explorer needs "
+               "JupyterLab (or Jupyter Notebook 7) with ipywidgets 8 and its extension "
+               "(pip install 'ipywidgets>=8' jupyterlab_widgets), then reload the page.")
+
+
+def default_filters() -> dict:
+    """The classic 3×3 filters of lesson 01: name -> (3, 3) float32 kernel."""
+    g = np.array([1.0, 2.0, 1.0])
+    return {
+        "Sobel x (vertical edges)": np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32),
+        "Sobel y (horizontal edges)": np.array([[-1, -2, -1], [0, 0, 0], [1, 2, 1]], np.float32),
+        "Gaussian 3×3 (blur)": (np.outer(g, g) / 16).astype(np.float32),
+        "box 3×3 (mean)": np.full((3, 3), 1 / 9, np.float32),
+        "sharpen": np.array([[0, -1, 0], [-1, 5, -1], [0, -1, 0]], np.float32),
+        "identity": np.array([[0, 0, 0], [0, 1, 0], [0, 0, 0]], np.float32),
+    }
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter kernel (where widgets can be sent to a frontend)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def window_terms(image, kernel, pos):
+    """The zero-padded window at output pos=(i, j) ('same' padding), and its products."""
+    image, kernel = np.asarray(image, np.float32), np.asarray(kernel, np.float32)
+    R, S = kernel.shape
+    ph, pw = R // 2, S // 2
+    xp = np.pad(image, ((ph, ph), (pw, pw)))
+    i, j = pos
+    win = xp[i:i + R, j:j + S]
+    return win, win * kernel
+
+
+def formula(image, kernel, pos, digits=2) -> str:
+    """'y[i, j] = x·w + x·w + … = value' for output pos, as plain text."""
+    win, prod = window_terms(image, kernel, pos)
+    terms = [f"{a:.{digits}f}·({b:.3g})"
+             for a, b in zip(win.ravel(), np.asarray(kernel).ravel(), strict=True)]
+    return f"y[{pos[0]}, {pos[1]}] = " + " + ".join(terms) + f" = {prod.sum():.4f}"
+
+
+def render_frame(image, kernel, pos, name="filter", output=None, figsize=(9.6, 3.5)):
+    """A matplotlib Figure (Agg, not pyplot) of one explorer frame.
+
+    Panels: the input with the window; the window's values times the weights; the
+    output filled in raster order up to pos, with pos framed.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    image = np.asarray(image, np.float32)
+    kernel = np.asarray(kernel, np.float32)
+    H, W = image.shape
+    R, S = kernel.shape
+    ph, pw = R // 2, S // 2
+    i, j = pos
+    if not (0 <= i < H and 0 <= j < W):
+        raise ValueError(f"pos {pos} is outside the {H}x{W} image")
+    if output is None:
+        output = ref.filter2d(image, kernel)
+    win, prod = window_terms(image, kernel, pos)
+
+    fig = Figure(figsize=figsize, dpi=90)
+    FigureCanvasAgg(fig)
+    a0, a1, a2 = fig.subplots(1, 3, gridspec_kw=dict(width_ratios=[1, 0.9, 1]))
+    padded = np.pad(image, ((ph, ph), (pw, pw)))
+    a0.imshow(padded, cmap="gray", vmin=min(0.0, float(image.min())),
+              vmax=max(1.0, float(image.max())),
+              extent=(-pw - 0.5, W + pw - 0.5, H + ph - 0.5, -ph - 0.5),
+              interpolation="nearest")
+    a0.add_patch(Rectangle((-0.5, -0.5), W, H, fill=False, ec="0.5", lw=0.8, ls="--"))
+    a0.add_patch(Rectangle((j - pw - 0.5, i - ph - 0.5), S, R, fill=False, ec="#d62828", lw=2))
+    a0.set_title(f"input {H}×{W} (zero padding {ph})", fontsize=9)
+    a0.set_xticks([])
+    a0.set_yticks([])
+
+    a1.set_xlim(0, S)
+    a1.set_ylim(R, 0)
+    a1.set_aspect("equal")
+    a1.axis("off")
+    for r in range(R):
+        for s in range(S):
+            v = prod[r, s]
+            a1.add_patch(Rectangle((s, r), 1, 1, fc=("#f7d4d4" if v < 0 else "#d4e4f7")
+                                   if v != 0 else "white", ec="0.4", lw=0.6))
+            a1.text(s + 0.5, r + 0.5, f"{win[r, s]:.2f}\n×{kernel[r, s]:+.3g}\n={v:+.3f}",
+                    ha="center", va="center", fontsize=7)
+    a1.set_title(f"window × {name}\nsum = {prod.sum():+.4f}", fontsize=9)
+
+    shown = np.full((H, W), np.nan, np.float32)
+    flat = shown.reshape(-1)
+    flat[: i * W + j + 1] = output.reshape(-1)[: i * W + j + 1]
+    lo, hi = float(np.min(output)), float(np.max(output))
+    if lo < 0:
+        m = max(abs(lo), abs(hi)) or 1.0
+        a2.imshow(shown, cmap="RdBu_r", vmin=-m, vmax=m, interpolation="nearest")
+    else:
+        a2.imshow(shown, cmap="gray", vmin=lo, vmax=hi if hi > lo else lo + 1,
+                  interpolation="nearest")
+    a2.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="#d62828", lw=2))
+    a2.set_title(f"output so far: y[{i}, {j}] = {output[i, j]:+.4f}", fontsize=9)
+    a2.set_xticks([])
+    a2.set_yticks([])
+    fig.subplots_adjust(left=0.02, right=0.98, bottom=0.03, top=0.84, wspace=0.12)
+    return fig
+
+
+def frame_png(image, kernel, pos, name="filter", output=None) -> bytes:
+    """One explorer frame as PNG bytes."""
+    fig = render_frame(image, kernel, pos, name, output)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _explorer_class():
+    import ipywidgets as W
+
+    class FilterExplorer(W.VBox):
+        """A VBox whose text fallback says why no widget is shown, and how to fix it."""
+
+        def _repr_mimebundle_(self, **kwargs):
+            data = super()._repr_mimebundle_(**kwargs)
+            if isinstance(data, tuple):
+                data = data[0]
+            data = dict(data or {})
+            data["text/plain"] = NO_FRONTEND
+            return data
+
+    return FilterExplorer
+
+
+def filter_explorer(image=None, filters: dict | None = None, size: int = 32, pos=(0, 0)):
+    """Slide a filter over an image and watch each output pixel being formed.
+
+    image: 2-D array (default: a `size`×`size` crop of the photo). filters: name ->
+    2-D kernel (default: `default_filters`). Returns the widget (display it as the cell's
+    last value); outside a Jupyter kernel or without ipywidgets, prints a note and
+    returns a static matplotlib Figure of position `pos` instead.
+    """
+    if image is None:
+        from .images import photo
+
+        image = photo(size, crop="face")
+    image = np.asarray(image, np.float32)
+    if image.ndim != 2:
+        raise ValueError(f"the explorer needs a 2-D (gray) image, got shape {image.shape}")
+    filters = dict(filters or default_filters())
+    names = list(filters)
+    try:
+        import ipywidgets as W
+    except ImportError:
+        W = None
+    if W is None or not in_kernel():
+        why = "ipywidgets is not installed" if W is None else "this is not a Jupyter kernel"
+        print(f"[filter explorer] {why}: showing one static frame. {NO_FRONTEND}")
+        return render_frame(image, filters[names[0]], pos, names[0])
+
+    return build_explorer(image, filters, pos)
+
+
+def build_explorer(image, filters: dict, pos=(0, 0)):
+    """The explorer widget itself (needs ipywidgets; works without a frontend, for tests)."""
+    import ipywidgets as W
+
+    image = np.asarray(image, np.float32)
+    names = list(filters)
+    H, Wd = image.shape
+    outputs = {}
+    state = {"hold": False}
+
+    def output_of(name):
+        if name not in outputs:
+            outputs[name] = ref.filter2d(image, filters[name])
+        return outputs[name]
+
+    pick = W.Dropdown(options=names, value=names[0], description="filter")
+    row = W.IntSlider(value=pos[0], min=0, max=H - 1, description="row", continuous_update=False)
+    col = W.IntSlider(value=pos[1], min=0, max=Wd - 1, description="column",
+                      continuous_update=False)
+    play = W.Play(value=pos[0] * Wd + pos[1], min=0, max=H * Wd - 1, step=1, interval=400,
+                  description="slide")
+    picture = W.Image(format="png", layout=W.Layout(width="100%", max_width="900px"))
+    text = W.HTML()
+
+    def draw(_=None):
+        if state["hold"]:
+            return
+        name, p = pick.value, (row.value, col.value)
+        picture.value = frame_png(image, filters[name], p, name.split(" (")[0],
+                                  output_of(name))
+        text.value = f"<code>{formula(image, filters[name], p)}</code>"
+
+    def from_play(change):
+        state["hold"] = True
+        try:
+            row.value, col.value = divmod(int(change["new"]), Wd)
+        finally:
+            state["hold"] = False
+        draw()
+
+    play.observe(from_play, "value")
+    for w in (pick, row, col):
+        w.observe(draw, "value")
+    draw()
+    box = _explorer_class()([W.HBox([pick, play]), W.HBox([row, col]), picture, text])
+    box.controls = dict(filter=pick, row=row, column=col, play=play, picture=picture,
+                        formula=text)
+    return box
