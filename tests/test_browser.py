@@ -140,7 +140,8 @@ def test_lesson01_runs_and_its_explorer_redraws(page, lab):
     not_run = [i for i, p in enumerate(st["prompts"]) if not re.fullmatch(r"\[\d+\]:", p)]
     assert not not_run, f"code cells {not_run} did not run (prompts {st['prompts']})"
 
-    fallback = [o for o in outs if nb.FALLBACK.search(o["text"])]
+    fallback = [o for o in outs if nb.FALLBACK.search(o["text"])
+                or any(t in o["text"] for t in nb.FALLBACK_TEXTS)]
     assert not fallback, (
         "a widget or plot rendered as text (is the widget extension "
         "@jupyter-widgets/jupyterlab-manager installed and enabled?):\n"

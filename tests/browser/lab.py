@@ -74,13 +74,16 @@ def _write_settings(settings_dir: Path) -> None:
     f.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
 
 
-@dataclass
+@dataclass(repr=False)
 class Lab:
     base: str  # http://127.0.0.1:PORT/
     token: str
     root: Path  # the folder the server serves (a temporary copy)
     log: Path
     proc: subprocess.Popen
+
+    def __repr__(self) -> str:
+        return f"Lab({self.base}, root={self.root}, log={self.log})"
 
     def url(self, path: str, workspace: str | None = None) -> str:
         """The page of one notebook; a fresh workspace unless one is named, so that a

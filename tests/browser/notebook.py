@@ -29,6 +29,11 @@ FALLBACK = re.compile(
     rf"^\s*(?:{_NAMES}|interactive)\((?:\)|\w+=)|Error displaying widget|Loading widget\.\.\.|"
     r"could not be displayed|<Figure size \d+x\d+ with \d+ Axes>",
     re.M)
+try:  # the filter explorer's own text fallback says what is missing
+    from convlab.widgets import NO_FRONTEND as _EXPLORER_FALLBACK
+except ImportError:
+    _EXPLORER_FALLBACK = "could not be displayed"
+FALLBACK_TEXTS = (_EXPLORER_FALLBACK,)
 ERROR = re.compile(r"Traceback \(most recent call last\)|^\w*(?:Error|Exception)\b", re.M)
 
 _STATE_JS = """(panel) => {
