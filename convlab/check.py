@@ -451,3 +451,308 @@ def check_gemm(fn, *, device=None, seed=None, runs=2, precision="fp32", quiet=Fa
     """Check a matrix product: fn(A (M, K), B (K, N)) -> C (M, N), odd M, N, K."""
     rng = np.random.default_rng(seed)
     return _run_cases("gemm", fn, gemm_cases(rng), device, runs, quiet, precision)
+
+
+# ----------------------------------------------------------------------------------------
+# Lessons 00-03: roofline arithmetic, cost counting, im2col / col2im, splitting work
+
+
+def _value_call(task: str, fn, args: tuple, kwargs: dict, label: str):
+    """Call the learner's fn on plain values (under the grader's guards); report a raise."""
+    try:
+        with learner_call(fn):
+            return fn(*args, **kwargs)
+    except CheckError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the learner's exception is the failure)
+        raise CheckError(f"{task} raised on {label}: {type(e).__name__}: {e}") from e
+
+
+def _as_float(task: str, value, label: str) -> float:
+    if value is None:
+        raise CheckError(f"{task} returned None on {label}: not implemented yet?")
+    try:
+        v = float(np.asarray(value, dtype=np.float64).reshape(()))
+    except (TypeError, ValueError) as e:
+        raise CheckError(f"{task} must return one number, got {value!r} on {label}") from e
+    if not np.isfinite(v):
+        raise CheckError(f"{task} returned {v} on {label}")
+    return v
+
+
+def _close(got: float, want: float, rtol: float = 1e-6) -> bool:
+    return abs(got - want) <= rtol * max(abs(want), 1e-300)
+
+
+def _pass(task: str, n: int, quiet: bool, what: str = "cases") -> str:
+    line = f"✓ {task}: {n} {what} passed"
+    if not quiet:
+        print(line)
+    return line
+
+
+def check_roofline(fn, *, seed=None, quiet=False) -> str:
+    """fn(intensity FLOP/byte, peak GFLOP/s, bandwidth GB/s) -> attainable GFLOP/s.
+
+    Cases on both sides of the ridge point, on the ridge, and at zero intensity.
+    """
+    rng = np.random.default_rng(seed)
+    task, cases = "roofline", []
+    for _ in range(3):
+        peak, bw = float(rng.uniform(50, 60000)), float(rng.uniform(10, 5000))
+        ridge = peak / bw
+        cases += [(ridge * rng.uniform(0.02, 0.9), peak, bw), (ridge * rng.uniform(1.1, 50), peak,
+                  bw), (ridge, peak, bw)]
+    cases.append((0.0, 100.0, 10.0))
+    for ai, peak, bw in cases:
+        label = f"intensity {ai:.4g} FLOP/B, peak {peak:.4g} GFLOP/s, bandwidth {bw:.4g} GB/s"
+        got = _as_float(task, _value_call(task, fn, (ai, peak, bw), {}, label), label)
+        want = min(peak, ai * bw)
+        if not _close(got, want):
+            hint = ""
+            if _close(got, ai * bw):
+                hint = " (that is intensity × bandwidth: no ceiling can exceed the peak)"
+            elif _close(got, peak):
+                hint = " (that is the peak: below the ridge, memory bandwidth limits)"
+            raise CheckError(f"{task} FAILED on {label}: got {got:.6g}, expected {want:.6g}"
+                             f"{hint}")
+    return _pass(task, len(cases), quiet)
+
+
+def check_gemm_intensity(fn, *, seed=None, quiet=False) -> str:
+    """fn(M, N, K, itemsize=4) -> FLOP per byte of C = A @ B (A M×K, B K×N).
+
+    FLOPs 2·M·N·K over the compulsory bytes: read A and B once, write C once.
+    """
+    rng = np.random.default_rng(seed)
+    task = "gemm intensity"
+    shapes = [(int(a), int(b), int(c)) for a, b, c in rng.integers(1, 3000, size=(4, 3))]
+    shapes += [(1, 4096, 4096), (4096, 1, 1), (7, 7, 7)]
+    n = 0
+    for M, N, K in shapes:
+        for itemsize in (4, 2):
+            label = f"M={M}, N={N}, K={K}, itemsize={itemsize}"
+            kw = {} if itemsize == 4 else {"itemsize": itemsize}
+            got = _as_float(task, _value_call(task, fn, (M, N, K), kw, label), label)
+            want = 2 * M * N * K / ((M * K + K * N + M * N) * itemsize)
+            if not _close(got, want):
+                raise CheckError(f"{task} FAILED on {label}: got {got:.6g}, expected {want:.6g} "
+                                 "(2·M·N·K FLOPs over (M·K + K·N + M·N)·itemsize bytes)")
+            n += 1
+    return _pass(task, n, quiet)
+
+
+def check_crossover(fn, *, seed=None, quiet=False) -> str:
+    """fn(batches, cpu_ms, gpu_ms) -> the smallest batch from which the GPU is faster
+    at that batch and at every larger batch measured; None when it is not faster at the
+    largest. batches ascend; cpu_ms / gpu_ms are times per call (lists of floats).
+    """
+    rng = np.random.default_rng(seed)
+    task = "crossover"
+    b = [1, 2, 4, 8, 16, 32, 64, 128]
+    cases = []
+    for cross in (3, 0, None):  # crosses at b[3]; GPU always faster; never faster
+        cpu = [float(x) * rng.uniform(0.9, 1.1) for x in b]
+        gpu = []
+        for i in range(len(b)):
+            faster = cross is not None and i >= cross
+            gpu.append(cpu[i] * (rng.uniform(0.2, 0.8) if faster else rng.uniform(1.2, 5)))
+        cases.append((b, cpu, gpu, None if cross is None else b[cross]))
+    # a noisy dip: faster once at batch 2, slower again, then faster from 32 on
+    cpu = [float(x) for x in b]
+    gpu = [c * f for c, f in zip(cpu, [2, 0.9, 1.5, 1.3, 1.1, 0.7, 0.5, 0.3], strict=True)]
+    cases.append((b, cpu, gpu, 32))
+    # odd batch sizes, numpy arrays
+    b2 = np.array([3, 5, 9, 17, 33])
+    cases.append((b2, np.array([3.0, 5, 9, 17, 33]), np.array([20.0, 20, 20, 20, 20]), 33))
+    for batches, cpu_ms, gpu_ms, want in cases:
+        label = f"batches {list(map(int, batches))}, cpu {np.round(cpu_ms, 2).tolist()}, gpu " \
+                f"{np.round(gpu_ms, 2).tolist()}"
+        got = _value_call(task, fn, (batches, cpu_ms, gpu_ms), {}, label)
+        if want is None:
+            if got is not None:
+                raise CheckError(f"{task} FAILED on {label}: got {got!r}, expected None (the "
+                                 "GPU is not faster at the largest batch)")
+            continue
+        if got is None or _as_float(task, got, label) != want:
+            raise CheckError(f"{task} FAILED on {label}: got {got!r}, expected {want} (the "
+                             "first batch from which the GPU stays faster)")
+    return _pass(task, len(cases), quiet)
+
+
+def check_conv_counts(fn, *, seed=None, quiet=False) -> str:
+    """fn(x_shape, w_shape, stride=, padding=, dilation=, groups=) -> (flops, bytes).
+
+    flops: 2 per multiply-add; bytes: float32 x and w read once, y written once.
+    """
+    rng = np.random.default_rng(seed)
+    task = "conv counts"
+    cases = [((8, 64, 56, 56), (64, 64, 3, 3), dict(stride=1, padding=1, dilation=1, groups=1))]
+    for _ in range(6):
+        g = int(rng.choice([1, 1, 2, 3]))
+        C, K = g * int(rng.integers(1, 9)), g * int(rng.integers(1, 9))
+        R, S = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        kw = dict(stride=int(rng.integers(1, 4)), padding=int(rng.integers(0, 3)),
+                  dilation=int(rng.integers(1, 3)), groups=g)
+        H = int(rng.integers(kw["dilation"] * (R - 1) + 1, 40))
+        W = int(rng.integers(kw["dilation"] * (S - 1) + 1, 40))
+        cases.append(((int(rng.integers(1, 5)), C, H, W), (K, C // g, R, S), kw))
+    for xs, ws, kw in cases:
+        label = f"x {xs}, w {ws}, " + ", ".join(f"{k}={v}" for k, v in kw.items())
+        got = _value_call(task, fn, (xs, ws), kw, label)
+        try:
+            flops, nbytes = (int(v) for v in got)
+        except (TypeError, ValueError) as e:
+            raise CheckError(f"{task} must return (flops, bytes), got {got!r} on {label}") from e
+        want_f, want_b = ref.conv2d_flops(xs, ws, **kw), ref.conv2d_bytes(xs, ws, **kw)
+        if flops != want_f:
+            raise CheckError(f"{task} FAILED on {label}: flops {flops}, expected {want_f} "
+                             "(2 · N·K·P·Q · (C/groups)·R·S; is the output size right?)")
+        if nbytes != want_b:
+            raise CheckError(f"{task} FAILED on {label}: bytes {nbytes}, expected {want_b} "
+                             "(4 bytes × (elements of x + of w + of y))")
+    return _pass(task, len(cases), quiet)
+
+
+def _im2col_cases(rng):
+    specs = [((1, 2, 5, 6), (3, 3), dict(stride=1, padding=0, dilation=1)),
+             ((2, 3, 7, 5), (3, 2), dict(stride=1, padding=1, dilation=1)),
+             ((2, 2, 9, 8), (2, 3), dict(stride=(2, 1), padding=(1, 0), dilation=1)),
+             ((1, 3, 11, 10), (3, 3), dict(stride=1, padding=2, dilation=2)),
+             ((3, 1, 8, 13), (1, 4), dict(stride=(1, 3), padding=(0, 2), dilation=(1, 2)))]
+    return [(random_array(xs, rng), hw, kw) for xs, hw, kw in specs]
+
+
+def _bind(fn, *front):
+    """fn with `front` inserted after the first argument (keeps fn's name for reports)."""
+    import functools
+
+    @functools.wraps(fn)
+    def bound(first, **kw):
+        return fn(first, *front, **kw)
+
+    return bound
+
+
+def _label(shape, hw, kw) -> str:
+    return f"x{tuple(shape)}, filter {hw}, " + ", ".join(f"{k}={v}" for k, v in kw.items())
+
+
+def check_im2col(fn, *, seed=None, quiet=False) -> str:
+    """fn(x (N, C, H, W), kernel_hw, stride=, padding=, dilation=) -> cols.
+
+    cols has shape (C·R·S, N·P·Q): row (c, r, s), column (n, p, q), zeros for padding,
+    the layout of `convlab.reference.im2col`.
+    """
+    task = "im2col"
+    cases = _im2col_cases(np.random.default_rng(seed))
+    for x, hw, kw in cases:
+        label = _label(x.shape, hw, kw)
+        expected = ref.im2col(x.astype(np.float64), hw, **kw)
+        try:
+            out = call(_bind(fn, hw), [x], expected.shape, kw, False)
+        except CheckError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise CheckError(f"{task} raised on {label}: {type(e).__name__}: {e}") from e
+        comp = compare(out, expected, np.abs(expected), 1)
+        if not comp.ok:
+            if out.shape == expected.shape[::-1]:
+                comp.messages.append("hint: the result is transposed: rows are (c, r, s), "
+                                     "columns (n, p, q)")
+            _fail(task, label, comp)
+    return _pass(task, len(cases), quiet)
+
+
+def check_col2im(fn, *, seed=None, quiet=False) -> str:
+    """fn(cols, x_shape, kernel_hw, stride=, padding=, dilation=) -> x (N, C, H, W).
+
+    The adjoint of im2col: every column entry is added back to the pixel it came from
+    (entries that came from the padding are dropped).
+    """
+    task = "col2im"
+    rng = np.random.default_rng(seed)
+    cases = _im2col_cases(rng)
+    for x, hw, kw in cases:
+        label = _label(x.shape, hw, kw)
+        cols = random_array(ref.im2col(x, hw, **kw).shape, rng)
+        expected = ref.col2im(cols.astype(np.float64), x.shape, hw, **kw)
+        absref = ref.col2im(np.abs(cols).astype(np.float64), x.shape, hw, **kw)
+        shape = tuple(x.shape)
+        try:
+            out = call(_bind(fn, shape, hw), [cols], expected.shape, kw, False)
+        except CheckError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise CheckError(f"{task} raised on {label}: {type(e).__name__}: {e}") from e
+        R, S = ref.pair(hw)
+        comp = compare(out, expected, absref, R * S)
+        if not comp.ok:
+            once = ref.col2im(np.ones_like(cols), x.shape, hw, **kw)
+            bad = ~(np.abs(out - expected) <= comp.rtol * absref)
+            if out.shape == expected.shape and bad.any() and (once[bad] > 1).all():
+                comp.messages.append("hint: pixels covered by several windows must receive "
+                                     "the SUM of their copies (+=, not =)")
+            _fail(task, label, comp)
+    return _pass(task, len(cases), quiet)
+
+
+def _ranges(parts) -> list:
+    out = []
+    for p in parts:
+        if isinstance(p, slice):
+            if p.step not in (None, 1):
+                raise ValueError(f"slice {p} has a step; parts must be contiguous")
+            out.append((p.start or 0, p.stop))
+        elif isinstance(p, range):
+            if p.step != 1:
+                raise ValueError(f"range {p} has a step; parts must be contiguous")
+            out.append((p.start, p.stop))
+        else:
+            a, b = p
+            out.append((int(a), int(b)))
+    return out
+
+
+def check_partition(fn, *, seed=None, quiet=False) -> str:
+    """fn(n_items, n_workers) -> parts: (start, stop) pairs, slices or ranges.
+
+    Every item in exactly one part, in order, no part empty, min(n_items, n_workers)
+    parts whose sizes differ by at most one (no worker idles while another has 2 more).
+    """
+    rng = np.random.default_rng(seed)
+    task = "partition"
+    cases = [(8, 4), (10, 4), (3, 4), (1, 1), (97, 8), (64, 3)]
+    cases += [(int(rng.integers(1, 500)), int(rng.integers(1, 17))) for _ in range(4)]
+    for n, workers in cases:
+        label = f"{n} items over {workers} workers"
+        parts = _value_call(task, fn, (n, workers), {}, label)
+        if parts is None:
+            raise CheckError(f"{task} returned None on {label}: not implemented yet?")
+        try:
+            spans = _ranges(list(parts))
+        except (TypeError, ValueError) as e:
+            raise CheckError(f"{task} on {label}: parts must be (start, stop) pairs, slices or "
+                             f"ranges, got {parts!r} ({e})") from e
+        seen = np.zeros(n, int)
+        for a, b in spans:
+            if not (0 <= a <= b <= n):
+                raise CheckError(f"{task} FAILED on {label}: part ({a}, {b}) is outside "
+                                 f"0..{n}")
+            seen[a:b] += 1
+        if (seen > 1).any():
+            raise CheckError(f"{task} FAILED on {label}: item {int(np.argmax(seen > 1))} is in "
+                             f"{int(seen.max())} parts: that work would be done more than once")
+        if (seen == 0).any():
+            raise CheckError(f"{task} FAILED on {label}: item {int(np.argmax(seen == 0))} is in "
+                             "no part: that work would never be done")
+        sizes = [b - a for a, b in spans]
+        if len(spans) != min(n, workers) or min(sizes) == 0:
+            raise CheckError(f"{task} FAILED on {label}: {len(spans)} parts of sizes {sizes}, "
+                             f"expected {min(n, workers)} non-empty parts")
+        if [a for a, _ in spans] != sorted(a for a, _ in spans):
+            raise CheckError(f"{task} FAILED on {label}: parts are not in order: {spans}")
+        if max(sizes) - min(sizes) > 1:
+            raise CheckError(f"{task} FAILED on {label}: sizes {sizes} differ by more than one: "
+                             "the biggest part decides when all workers are done")
+    return _pass(task, len(cases), quiet)
