@@ -109,3 +109,27 @@ def image_size(real: bool | None = None) -> int:
 def gemm_size(real: bool | None = None) -> int:
     """M = N = K of the square GEMMs the course times."""
     return 4096 if (not _sim() if real is None else real) else 40
+
+
+# CPU-only measurements (lessons 00-03). They are real measurements at any size, so a
+# learner without a GPU may ask for the real sizes: CONVLAB_REAL_CPU=1 (takes minutes).
+
+
+def cpu_real() -> bool:
+    """True when the CPU lessons time real sizes: on a GPU machine, or CONVLAB_REAL_CPU=1."""
+    import os
+
+    flag = os.environ.get("CONVLAB_REAL_CPU")
+    if flag in ("0", "1"):
+        return flag == "1"
+    return not _sim()
+
+
+def cpu_sizes(real: bool | None = None) -> dict:
+    """Sizes for lessons 00-03's CPU measurements: copy MB, square GEMM side, the CNN
+    input (batch, side) for the layer-time census, batch sizes of the latency sweep."""
+    real = cpu_real() if real is None else real
+    if real:
+        return dict(copy_mb=512, gemm=2048, cnn_batch=8, cnn_side=224,
+                    batches=(1, 2, 4, 8, 16, 32, 64, 128))
+    return dict(copy_mb=32, gemm=384, cnn_batch=2, cnn_side=64, batches=(1, 2, 4, 8))
