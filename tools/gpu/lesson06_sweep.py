@@ -1,0 +1,493 @@
+"""Every H200 measurement that lessons 04, 05 and 06 show, in one run.
+
+    . tools/device_env.sh; python3 tools/gpu/lesson06_sweep.py        # on the GPU machine
+    .venv/bin/python tools/gpu/lesson06_sweep.py --dry                # here: simulator, tiny
+
+Each variant is checked against a float64 reference before it is timed (CUDA events,
+median of groups, bench.time_gpu); the libraries (cuDNN through PyTorch with TF32 off,
+cuBLAS through CuPy) are timed in the same run. Writes $OUT/lessons04_06.json (copy it to
+convlab/results/h200_lessons04_06.json) and prints a short table last.
+
+--dry runs every section under the Numba simulator on tiny shapes with a fake clock, to
+find mistakes before spending GPU time; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+DRY = "--dry" in sys.argv
+import convlab  # noqa: E402
+
+convlab.setup("sim" if DRY else None)
+from numba import cuda, float32  # noqa: E402
+
+from convlab import baselines, bench, check, problems  # noqa: E402
+from convlab import reference as ref  # noqa: E402
+from convlab.kernels import (  # noqa: E402
+    conv01_naive,
+    conv02_coalesced,
+    conv03_tiled,
+    filter01_naive,
+    filter02_tiled,
+    gemm01_tiled,
+    layout,
+)
+
+T0 = time.time()
+OUT = os.environ.get("OUT", "/tmp/lesson06_out")
+os.makedirs(OUT, exist_ok=True)
+RES: dict = {"sections": {}, "errors": {}}
+SUMMARY: list = []
+
+if DRY:  # a fake clock: the simulator cannot time anything
+    def _fake_time_gpu(fn, *args, warmup=1, repeat=3, group_ms=2.0, **kw):
+        fn(*args, **kw)
+        return bench.Timing([1.0, 1.0, 1.0], "dry run (fake)")
+
+    bench.time_gpu = _fake_time_gpu
+    bench.copy_bandwidth = lambda *a, **k: 1000.0
+    bench.fma_peak = lambda *a, **k: 10.0
+
+
+def save():
+    RES["elapsed_s"] = round(time.time() - T0, 1)
+    with open(os.path.join(OUT, "lessons04_06.json"), "w") as f:
+        json.dump(RES, f, indent=1, default=float)
+
+
+def section(name):
+    def deco(fn):
+        t = time.time()
+        print(f"\n=== {name} ({t - T0:.0f} s)", flush=True)
+        try:
+            RES["sections"][name] = fn()
+        except Exception as e:  # noqa: BLE001  (one broken section must not stop the rest)
+            traceback.print_exc()
+            RES["errors"][name] = f"{type(e).__name__}: {e}"
+        RES.setdefault("section_s", {})[name] = round(time.time() - t, 1)
+        save()
+        return fn
+    return deco
+
+
+def med(fn, *args, **kw):
+    return bench.time_gpu(fn, *args, **kw).median_ms
+
+
+# ---------------------------------------------------------------------------------------
+@section("environment")
+def _env():
+    if DRY:
+        return dict(device="simulator (dry run)", date=time.strftime("%Y-%m-%d"))
+    from convlab.ladder import environment
+
+    env = environment()
+    env["ceilings"] = bench.measure_ceilings()
+    print(env)
+    return env
+
+
+COPY_GBPS = (RES["sections"].get("environment") or {}).get("ceilings", {}).get("copy_gbps",
+                                                                                 1000.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 04: transfers, timing pitfalls, launch overhead, batch crossover
+
+
+@section("l04_transfers")
+def _transfers():
+    rows = []
+    sizes = [2**k for k in ((12, 16, 20, 24, 28) if not DRY else (12, 16))]
+    for nbytes in sizes:
+        n = nbytes // 4
+        h = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        hp = cuda.pinned_array(n, dtype=np.float32)
+        hp[:] = h
+        d = cuda.device_array(n, dtype=np.float32)
+        out = {}
+        for label, fn in (("h2d_pageable", lambda: d.copy_to_device(h)),
+                          ("h2d_pinned", lambda: d.copy_to_device(hp)),
+                          ("d2h_pageable", lambda: d.copy_to_host(h)),
+                          ("d2h_pinned", lambda: d.copy_to_host(hp))):
+            ms = med(fn, warmup=2, repeat=7, group_ms=0.0)
+            out[label] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
+        rows.append(dict(bytes=nbytes, **out))
+        print(nbytes, {k: round(v["gbps"], 1) for k, v in out.items()})
+    return rows
+
+
+@section("l04_timing_pitfalls")
+def _timing():
+    """Wall clock without synchronize measures the launch, not the kernel."""
+    prob = problems.conv_layer("resnet128")
+    rng = np.random.default_rng(1)
+    x = cuda.to_device(check.random_array(prob.x_shape, rng))
+    w = cuda.to_device(check.random_array(prob.w_shape, rng))
+    y = cuda.device_array(prob.out_shape, np.float32)
+    kern = conv01_naive.conv2d_naive
+    t = time.perf_counter()
+    kern(x, w, y, **prob.kwargs)
+    cuda.synchronize()
+    first = (time.perf_counter() - t) * 1e3  # includes compiling the kernel
+    nosync, withsync = [], []
+    for _ in range(5):
+        cuda.synchronize()
+        t = time.perf_counter()
+        kern(x, w, y, **prob.kwargs)
+        nosync.append((time.perf_counter() - t) * 1e3)
+        cuda.synchronize()
+        t = time.perf_counter()
+        kern(x, w, y, **prob.kwargs)
+        cuda.synchronize()
+        withsync.append((time.perf_counter() - t) * 1e3)
+    ev = bench.time_gpu(kern, x, w, y, **prob.kwargs)
+    r = dict(problem=str(prob), first_call_wall_ms=first,
+             wall_no_sync_ms=float(np.median(nosync)), wall_sync_ms=float(np.median(withsync)),
+             events_ms=ev.median_ms, events_spread=ev.spread)
+    print(r)
+    return r
+
+
+@cuda.jit
+def _empty(a):
+    pass
+
+
+@cuda.jit
+def _touch(a):
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = a[i] + float32(1.0)
+
+
+@section("l04_launch_overhead")
+def _launch():
+    d = cuda.device_array(1024, dtype=np.float32)
+    h = np.zeros(1024, np.float32)
+    _empty[1, 32](d)
+    _touch[4, 256](d)
+    cuda.synchronize()
+    n = 2000 if not DRY else 5
+    out = {}
+    for label, fn in (("empty_device_arg", lambda: _empty[1, 32](d)),
+                      ("small_kernel_device_arg", lambda: _touch[4, 256](d)),
+                      ("small_kernel_numpy_arg", lambda: _touch[4, 256](h))):
+        m = n if "numpy" not in label else max(5, n // 10)
+        cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(m):
+            fn()
+        cuda.synchronize()
+        out[label + "_wall_us"] = (time.perf_counter() - t) / m * 1e6
+    # GPU-side time of one small kernel (events, amortized over groups of launches)
+    out["small_kernel_events_us"] = med(lambda: _touch[4, 256](d)) * 1e3
+    print(out)
+    return out
+
+
+@section("l04_batch_crossover")
+def _crossover():
+    """Batch-N conv (64ch 56x56): GPU with its transfers vs the CPU (PyTorch, all cores)."""
+    if DRY or not baselines.torch_available():
+        return {"skipped": "needs PyTorch with CUDA"}
+    import torch
+
+    baselines.set_torch_precision("fp32")
+    F = torch.nn.functional
+    base = problems.conv_layer("resnet64")
+    rows = []
+    w = torch.randn(base.w_shape)
+    wd = w.cuda()
+    for N in (1, 2, 4, 8, 16, 32):
+        x = torch.randn((N, base.C, base.H, base.W)).pin_memory()
+
+        def gpu_all():
+            y = F.conv2d(x.cuda(non_blocking=True), wd, padding=1)
+            return y.cpu()
+
+        def gpu_conv(xd=x.cuda()):
+            return F.conv2d(xd, wd, padding=1)
+
+        for _ in range(3):
+            gpu_all()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(7):
+            t = time.perf_counter()
+            gpu_all()
+            samples.append((time.perf_counter() - t) * 1e3)
+        cpu = bench.time_cpu(lambda: F.conv2d(x, w, padding=1), warmup=1, repeat=3)
+        g = med(gpu_conv)
+        rows.append(dict(N=N, gpu_with_transfers_ms=float(np.median(samples)), gpu_conv_ms=g,
+                         cpu_ms=cpu.median_ms, cpu_threads=torch.get_num_threads()))
+        print(rows[-1])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# Lessons 05 and 06: the conv ladder on the 128-channel layer, tile variants, NHWC
+
+CONV_TILES = [dict(tx=32, ty=8, kpt=8, cb=8), dict(tx=16, ty=16, kpt=8, cb=8),
+              dict(tx=32, ty=4, kpt=8, cb=8), dict(tx=32, ty=8, kpt=4, cb=8),
+              dict(tx=32, ty=8, kpt=16, cb=8), dict(tx=32, ty=8, kpt=8, cb=16),
+              dict(tx=28, ty=7, kpt=8, cb=8), dict(tx=32, ty=8, kpt=1, cb=8)]
+
+
+def tile_name(t):
+    return "tiled " + "x".join(str(t[k]) for k in ("tx", "ty")) + f" k{t['kpt']} c{t['cb']}"
+
+
+def tiled_launcher(t):
+    def fn(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        return conv03_tiled.launch(x, w, out, stride, padding, dilation, groups, **t)
+    return fn
+
+
+@cuda.jit
+def conv2d_nhwc_channels_kernel(x, w, y, sh, sw, ph, pw):
+    # lesson 05's exercise design: thread x -> output channel k (x NHWC, w RSCK, y NHWC)
+    k = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    q = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+    npix = cuda.blockIdx.z
+    N, P, Q, K = y.shape
+    R, S, C = w.shape[0], w.shape[1], w.shape[2]
+    H, W = x.shape[1], x.shape[2]
+    n, p = npix // P, npix % P
+    if k >= K or q >= Q:
+        return
+    acc = float32(0.0)
+    for r in range(R):
+        h = p * sh - ph + r
+        if 0 <= h < H:
+            for s in range(S):
+                col = q * sw - pw + s
+                if 0 <= col < W:
+                    for c in range(C):
+                        acc += x[n, h, col, c] * w[r, s, c, k]
+    y[n, p, q, k] = acc
+
+
+def nhwc_impl(name, kind, prob):
+    """An Impl that stores x, w as NHWC / RSCK, runs an NHWC kernel, returns NCHW."""
+    def prepare(x, w):
+        xh, wh = layout.nhwc_inputs(x, w)
+        N, K, P, Q = prob.out_shape
+        return dict(x=cuda.to_device(xh), w=cuda.to_device(wh),
+                    out=cuda.to_device(check.poisoned((N, P, Q, K))))
+
+    def run(s):
+        if kind == "pixels":
+            layout.conv2d_nhwc_pixels(s["x"], s["w"], s["out"], **prob.kwargs)
+        else:
+            N, P, Q, K = s["out"].shape
+            grid = ((K + 31) // 32, (Q + 7) // 8, N * P)
+            conv2d_nhwc_channels_kernel[grid, (32, 8)](s["x"], s["w"], s["out"], prob.stride,
+                                                       prob.stride, prob.padding, prob.padding)
+
+    return bench.Impl(name, prepare, run, lambda s: s["out"].copy_to_host().transpose(0, 3, 1, 2))
+
+
+def conv_ladder(layer, tiles, nhwc=False, libs=True):
+    prob = problems.conv_layer(layer)
+    impls = [bench.launcher_impl("naive", conv01_naive.conv2d_naive, prob),
+             bench.launcher_impl("coalesced", conv02_coalesced.conv2d_coalesced, prob)]
+    impls += [bench.launcher_impl(tile_name(t), tiled_launcher(t), prob) for t in tiles]
+    if nhwc:
+        impls += [nhwc_impl("NHWC, threads on q", "pixels", prob),
+                  nhwc_impl("NHWC, threads on k", "channels", prob)]
+    if libs and baselines.torch_available():
+        impls.append(baselines.cudnn_conv_impl(prob, "fp32"))
+    if libs and baselines.cupy_available():
+        impls.append(baselines.cublas_im2col_impl(prob))
+    if DRY:
+        bench.require_gpu = lambda *a: None
+    lad = bench.bench_conv(impls, prob, baseline="cuDNN fp32", repeat=10)
+    return lad.to_dict()
+
+
+@section("l06_conv_ladder_resnet128")
+def _ladder128():
+    return conv_ladder("resnet128", CONV_TILES, nhwc=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Lessons 05/06: the single-channel filter on a 4096 x 4096 image
+
+
+GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
+SOBEL_X = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32)
+FILTER_TILES = [dict(tx=32, ty=8, v=8, pad=0), dict(tx=32, ty=8, v=4, pad=0),
+                dict(tx=32, ty=8, v=16, pad=0), dict(tx=32, ty=4, v=16, pad=0),
+                dict(tx=32, ty=16, v=4, pad=0), dict(tx=64, ty=4, v=8, pad=0),
+                dict(tx=32, ty=4, v=8, pad=0), dict(tx=32, ty=16, v=8, pad=0),
+                dict(tx=16, ty=16, v=4, pad=0), dict(tx=16, ty=16, v=4, pad=2),
+                dict(tx=32, ty=8, v=1, pad=0)]
+
+
+def ftile_name(t):
+    return f"tiled {t['tx']}x{t['ty']} v{t['v']}" + (f" pad{t['pad']}" if t["pad"] else "")
+
+
+@section("l06_filter_4096")
+def _filters():
+    n = problems.image_size()
+    rng = np.random.default_rng(3)
+    img = check.random_array((n, n), rng)
+    nbytes = 2 * img.nbytes  # read the image once, write the output once
+    d_img = cuda.to_device(img)
+    d_out = cuda.device_array((n, n), np.float32)
+    rows = []
+    for fname, taps in (("gauss3", GAUSS), ("sobel_x", SOBEL_X)):
+        expected = ref.filter2d(img.astype(np.float64), taps.astype(np.float64))
+        absref = ref.filter2d(np.abs(img).astype(np.float64), np.abs(taps).astype(np.float64))
+        d_taps = cuda.to_device(taps)
+        variants = [("naive", lambda: filter01_naive.filter2d_naive(d_img, d_taps, d_out)),
+                    ("naive rows (uncoalesced)",
+                     lambda: filter01_naive.filter2d_naive_rows(d_img, d_taps, d_out))]
+        tiles = FILTER_TILES if fname == "gauss3" else FILTER_TILES[:1]
+        for t in tiles:
+            variants.append((ftile_name(t), lambda t=t: filter02_tiled.launch(
+                d_img, d_taps, d_out, taps=taps, **t)))
+        if baselines.torch_available():
+            import torch
+
+            baselines.set_torch_precision("fp32")
+            ti = torch.from_numpy(img).cuda()[None, None]
+            tk = torch.from_numpy(taps).cuda()[None, None]
+            holder = {}
+
+            def torch_run():
+                holder["y"] = torch.nn.functional.conv2d(ti, tk, padding=1)
+
+            variants.append(("cuDNN (torch conv2d)", torch_run))
+        for name, fn in variants:
+            try:
+                d_out.copy_to_device(check.poisoned((n, n)))
+                fn()
+                cuda.synchronize()
+                got = holder["y"][0, 0].cpu().numpy() if name.startswith("cuDNN") \
+                    else d_out.copy_to_host()
+                comp = check.compare(got, expected, absref, 9)
+                if not comp.ok:
+                    raise check.CheckError(comp.summary())
+                ms = med(fn)
+            except Exception as e:  # noqa: BLE001
+                print(f"  {fname} {name}: NOT TIMED: {type(e).__name__}: {str(e)[:300]}")
+                continue
+            gbps = nbytes / (ms * 1e-3) / 1e9
+            rows.append(dict(filter=fname, name=name, ms=ms, gbps=gbps,
+                             pct_copy=100 * gbps / COPY_GBPS, max_rel_err=comp.max_rel))
+            print(f"  {fname:8s} {name:28s} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s "
+                  f"{100 * gbps / COPY_GBPS:5.1f}% of copy")
+    return dict(n=n, bytes=nbytes, copy_gbps=COPY_GBPS, rows=rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 06: bank conflicts in a shared-memory transpose (NCHW -> NHWC)
+
+
+@section("l06_transpose_bank_conflicts")
+def _transpose():
+    prob = problems.conv_layer("resnet64")
+    x = check.random_array(prob.x_shape, np.random.default_rng(4))
+    N, C, H, W = x.shape
+    dx = cuda.to_device(x)
+    dy = cuda.device_array((N, H, W, C), np.float32)
+    rows = []
+    for pad in (0, 1):
+        dy.copy_to_device(check.poisoned((N, H, W, C)))
+        layout.nchw_to_nhwc(dx, dy, pad=pad)
+        if not np.array_equal(dy.copy_to_host(), x.transpose(0, 2, 3, 1)):
+            raise AssertionError(f"transpose pad={pad} is wrong")
+        ms = med(layout.nchw_to_nhwc, dx, dy, pad=pad)
+        gbps = 2 * x.nbytes / (ms * 1e-3) / 1e9
+        rows.append(dict(pad=pad, ms=ms, gbps=gbps, pct_copy=100 * gbps / COPY_GBPS))
+        print(rows[-1])
+    return dict(shape=list(x.shape), rows=rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 06: the tiled GEMM of the im2col path vs cuBLAS
+
+
+@section("l06_gemm")
+def _gemm():
+    rows = []
+    prob = problems.conv_layer("resnet128")
+    p = ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
+    s = problems.gemm_size()
+    shapes = [("im2col " + prob.name.split(" (")[0], p.K, p.N * p.P * p.Q, p.C * p.R * p.S),
+              (f"square {s}", s, s, s)]
+    for label, M, N, K in shapes:
+        rng = np.random.default_rng(5)
+        a, b = check.random_array((M, K), rng), check.random_array((K, N), rng)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        expected, absref = a64 @ b64, np.abs(a64) @ np.abs(b64)
+        da, db = cuda.to_device(a), cuda.to_device(b)
+        dc = cuda.device_array((M, N), np.float32)
+        flops = 2 * M * N * K
+        impls = [("tiled 32x32", lambda: gemm01_tiled.launch(da, db, dc, 32)),
+                 ("tiled 16x16", lambda: gemm01_tiled.launch(da, db, dc, 16))]
+        if baselines.cupy_available():
+            import cupy as cp
+
+            ca, cb = cp.asarray(a), cp.asarray(b)
+            hold = {}
+            impls.append(("cuBLAS", lambda: hold.__setitem__("c", ca @ cb)))
+        for name, fn in impls:
+            fn()
+            cuda.synchronize()
+            got = cp.asnumpy(hold["c"]) if name == "cuBLAS" else dc.copy_to_host()
+            comp = check.compare(got, expected, absref, K)
+            if not comp.ok:
+                print(f"  {label} {name}: WRONG {comp.summary()}")
+                continue
+            ms = med(fn)
+            rows.append(dict(shape=label, M=M, N=N, K=K, name=name, ms=ms,
+                             tflops=flops / (ms * 1e-3) / 1e12))
+            print(f"  {label:24s} {name:12s} {ms:8.3f} ms {rows[-1]['tflops']:6.2f} TFLOP/s")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# If time is left: the other two ResNet layers (tiled default vs cuDNN)
+
+
+@section("l06_conv_other_layers")
+def _others():
+    if time.time() - T0 > 80 and not DRY:
+        return {"skipped": f"time ({time.time() - T0:.0f} s elapsed)"}
+    return [conv_ladder(layer, [conv03_tiled.TILE]) for layer in ("resnet64", "resnet256")]
+
+
+# ---------------------------------------------------------------------------------------
+# The short table, last
+
+save()
+print("\n" + "=" * 78)
+env = RES["sections"].get("environment", {})
+print(f"{env.get('device')}  {env.get('date')}  copy {COPY_GBPS:.0f} GB/s  "
+      f"elapsed {time.time() - T0:.0f} s  errors: {list(RES['errors']) or 'none'}")
+lad = RES["sections"].get("l06_conv_ladder_resnet128")
+if lad:
+    print(lad["problem"])
+    rows = {r["name"]: r for r in lad["rows"]}
+    naive = rows.get("naive", {}).get("ms")
+    for r in lad["rows"]:
+        x = f"{naive / r['ms']:6.1f}x naive" if naive else ""
+        pct = f"{r['pct_of_baseline']:6.1f}% cuDNN" if r.get("pct_of_baseline") else ""
+        print(f"  {r['name']:26s} {r['ms']:8.3f} ms {r['tflops']:6.2f} TFLOP/s {pct} {x}")
+fl = RES["sections"].get("l06_filter_4096")
+if fl:
+    print(f"filter {fl['n']}x{fl['n']} (copy {fl['copy_gbps']:.0f} GB/s)")
+    for r in fl["rows"]:
+        print(f"  {r['filter']:8s} {r['name']:28s} {r['ms'] * 1e3:8.1f} us {r['gbps']:6.0f} GB/s "
+              f"{r['pct_copy']:5.1f}%")
