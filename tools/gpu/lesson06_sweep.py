@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (closures are called inside the loop iteration that made them)
 """Every H200 measurement that lessons 04, 05 and 06 show, in one run.
 
     . tools/device_env.sh; python3 tools/gpu/lesson06_sweep.py        # on the GPU machine
