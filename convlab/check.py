@@ -314,6 +314,7 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
         device = bool(getattr(fn, "device", False))
     if _writes_out(fn) is False and runs > 1:
         runs = 1  # a pure function cannot race with itself; one run is enough
+    _race_check(task, fn, cases, device)  # a race explains any wrong answer: report it first
     worst, passed = 0.0, []
     for case in cases:
         first = None
@@ -343,6 +344,37 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
     if not quiet:
         print(line)
     return line
+
+
+def _race_check(task: str, fn, cases, device) -> None:
+    """Under the simulator, trace a GPU launcher on the smallest case (convlab.trace):
+    two threads touching one shared address between the same barriers is a race even
+    when the simulator happened to give the right answer."""
+    from .runtime import is_simulator
+
+    if not device or not cases or not is_simulator():
+        return
+    from . import trace
+
+    case = min(cases, key=lambda c: sum(np.size(a) for a in c["inputs"]))
+    cuda = _device()
+    args = [cuda.to_device(a) for a in case["inputs"]]
+    try:
+        with learner_call(fn):
+            if _writes_out(fn):
+                out = cuda.to_device(poisoned(case["expected"].shape))
+                t = trace.trace_launch(fn, *args, out=out, **case["kwargs"])
+            else:
+                t = trace.trace_launch(fn, *args, **case["kwargs"])
+        races = t.races()
+    except Exception:  # noqa: BLE001  (the tracer cannot model this code: the checks above stand)
+        return
+    if races:
+        more = f"\n  ({len(races)} different hazards in all)" if len(races) > 1 else ""
+        raise CheckError(
+            f"{task} FAILED on {case['label']}\n  {races[0]}{more}\n  hint: missing "
+            "cuda.syncthreads()? Every thread must finish writing a shared tile before others "
+            "read it, and finish reading it before anyone overwrites it")
 
 
 # ----------------------------------------------------------------------------------------

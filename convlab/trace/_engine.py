@@ -305,9 +305,9 @@ def record(frame, kind: int, aid: int, offset: int, size: int):
         s = ctx.run.rec.sites[site]
         raise TraceError(
             f"thread {tuple(ctx.threadIdx)} of block {tuple(ctx.blockIdx)} executed "
-            f"{s['label']} twice in what the tracer takes for one loop iteration; it cannot "
-            "group this kernel's accesses into warp requests (loop body on the loop's own "
-            "line? put it on the next line)")
+            f"{s['label']} twice in what the tracer takes for one loop iteration, so it "
+            "cannot group this kernel's accesses into warp requests (recursion? a loop the "
+            "bytecode analysis did not recognise?)")
     ctx.seen.add(key)
     ctx.records.append((site, cid, aid, offset, size, ctx.epoch, ctx.seq))
     ctx.seq += 1
@@ -837,6 +837,7 @@ class Recorder:
         self.launches: list = []
         self._site_ids: dict = {}
         self._ctx_ids: dict = {}
+        self.ctx_keys: list = []
         self._array_keys: dict = {}
         self._blocks: list = []
         self._lock = threading.Lock()
@@ -866,7 +867,12 @@ class Recorder:
         cid = self._ctx_ids.get(parts)
         if cid is None:
             with self._lock:
-                cid = self._ctx_ids.setdefault(parts, len(self._ctx_ids))
+                cid = self._ctx_ids.get(parts)
+                if cid is None:
+                    cid = len(self._ctx_ids)
+                    self._ctx_ids[parts] = cid
+                    # program order: outermost frame first, loop iterations before position
+                    self.ctx_keys.append(tuple((c, o) for _, o, c in reversed(parts)))
         return cid
 
     def _unique_name(self, name):

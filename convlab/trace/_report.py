@@ -88,11 +88,13 @@ class Race:
     threads: tuple       # (thread doing `first`, thread doing `second`), linear ids
     index: tuple         # an example element of the shared array
     interval: int        # barrier interval: 0 = before the first cuda.syncthreads()
+    barriers: bool = True  # does the kernel call cuda.syncthreads() at all?
 
     def __str__(self):
         verbs = {"RAW": ("writes", "reads"), "WAR": ("reads", "writes"),
                  "WAW": ("writes", "writes")}[self.hazard]
-        where = ("before the first cuda.syncthreads()" if self.interval == 0 else
+        where = ("in a kernel without cuda.syncthreads()" if not self.barriers else
+                 "before the first cuda.syncthreads()" if self.interval == 0 else
                  f"after cuda.syncthreads() #{self.interval}")
         return (f"shared-memory race ({self.hazard}) on {self.array}{list(self.index)}: thread "
                 f"{self.threads[0]} {verbs[0]} it at {self.first}, thread {self.threads[1]} "
@@ -131,6 +133,10 @@ class Trace:
         self.result = result
         self._r = rec.records()
         self._q = None
+        keys = rec.ctx_keys
+        rank = np.empty(len(keys), np.int64)
+        rank[sorted(range(len(keys)), key=keys.__getitem__)] = np.arange(len(keys))
+        self._ctx_rank = rank
 
     # ------------------------------------------------------------------ lookups
     def array(self, name):
@@ -437,7 +443,7 @@ class Trace:
                 found[key] = Race(hazard, arr.name, self.sites[a[3]]["label"],
                                   self.sites[b[3]]["label"], 0, launch["kernel"],
                                   launch["blocks"][int(c["block"][i])], (a[1], b[1]), index,
-                                  int(c["epoch"][i]))
+                                  int(c["epoch"][i]), launch["barriers"])
             found[key].addresses += 1
         return list(found.values())
 
@@ -455,7 +461,7 @@ class Trace:
         reqs = np.flatnonzero(m)
         if not len(reqs):
             raise TraceError(f"warp {warp} of block {block} never executes {s['label']}")
-        reqs = reqs[np.argsort(q["seq"][reqs], kind="stable")]
+        reqs = reqs[np.argsort(self._ctx_rank[q["ctx"][reqs]], kind="stable")]
         if not 0 <= occurrence < len(reqs):
             raise TraceError(f"{s['label']} runs {len(reqs)} times in this warp; "
                              f"occurrence must be below that")
@@ -524,7 +530,8 @@ class Trace:
         import matplotlib.pyplot as plt
 
         counts = self.load_counts(array, kind)
-        label = "summed over " + "x".join(map(str, counts.shape[:-2])) if counts.ndim > 2 else ""
+        lead = counts.shape[:-2]
+        label = f"(summed over {'x'.join(map(str, lead))})" if np.prod(lead, dtype=int) > 1 else ""
         if index is not None:
             counts = counts[tuple(index)]
             label = f"index {tuple(index)}"
