@@ -13,6 +13,8 @@ text shown instead of the widget says what is missing and how to install it.
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 
 import numpy as np
@@ -153,6 +155,14 @@ def _explorer_class():
                 data = data[0]
             data = dict(data or {})
             data["text/plain"] = NO_FRONTEND
+            # for static viewers (GitHub, nbviewer, a Lab without the extension): the note
+            # and the frame the widget would show first
+            png = getattr(self, "controls", {}).get("picture")
+            img = ""
+            if png is not None and png.value:
+                b64 = base64.b64encode(bytes(png.value)).decode("ascii")
+                img = f'<br><img src="data:image/png;base64,{b64}" alt="filter explorer frame">'
+            data["text/html"] = f"<p><b>[filter explorer]</b> {html.escape(NO_FRONTEND)}</p>{img}"
             return data
 
     return FilterExplorer
