@@ -119,8 +119,7 @@ def _explorer(page):
 
 
 def test_lesson01_runs_and_its_explorer_redraws(page, lab):
-    if not (lab.root / LESSON).exists():
-        pytest.skip(f"{LESSON} does not exist yet")
+    assert (lab.root / LESSON).exists(), f"{LESSON} is missing"
     t0 = time.monotonic()
     cells = nbformat.read(lab.root / LESSON, 4).cells
     n_code = sum(c.cell_type == "code" for c in cells)
@@ -182,9 +181,10 @@ def test_lesson01_runs_and_its_explorer_redraws(page, lab):
     after_px = nb.pixels_digest(explorer)
     assert after_px != before_px and "not-loaded" not in str(after_px)
     _shot(explorer, "lesson01-explorer-after.png")
+    _shot(page, "lesson01-explorer-page.png")  # the explorer inside JupyterLab
     assert not page.console_errors, f"page errors: {page.console_errors}"
     print(f"lesson 01: {n_code} code cells ran in {t_run:.0f} s; {len(plots)} png plots; "
-          f"explorer in cell {idx}: slider {r0} -> {r1}, image changed")
+          f"explorer in code cell {idx}: slider {r0} -> {r1}, image changed")
 
 
 def test_exercise01_answer_cell_is_editable(page, lab):
