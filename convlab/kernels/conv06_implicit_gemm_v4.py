@@ -106,3 +106,4 @@ def conv2d_implicit_gemm_v4(x, w, out, stride=1, padding=0, dilation=1, groups=1
 
 
 KERNEL, SIGNATURE = conv2d_implicit_gemm_v4_kernel, IGEMM_SIGNATURE
+conv2d_implicit_gemm_v4.kernel = KERNEL

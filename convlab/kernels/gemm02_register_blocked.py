@@ -85,3 +85,4 @@ def gemm_register_blocked(a, b, out):
 
 
 KERNEL, SIGNATURE = gemm_register_blocked_kernel, GEMM_SIGNATURE
+gemm_register_blocked.kernel = KERNEL

@@ -1,0 +1,370 @@
+"""Ladder step 9: the implicit GEMM in CUDA C, through CuPy ``RawKernel``.
+
+What pure Numba cannot express, and this version uses:
+
+- 128-bit global loads: the filter slab arrives in 16-byte pieces;
+- asynchronous copies (``cp.async``, Ampere and later): global memory goes straight to
+  shared memory without passing through registers, in a pipeline of STAGES slabs:
+  while the block multiplies slab t, slabs t+1 .. t+STAGES-1 are in flight. The
+  padding and the channel edge come free: ``cp.async`` with a source size of 0 bytes
+  writes zeros;
+- 128-bit stores of the outputs (``float4``) when a row of the output is a multiple of 4;
+- 32-bit index arithmetic, ``#pragma unroll`` and templates: the tile shape is a
+  compile-time constant, and every shape is one instantiation of one source.
+
+The algorithm is the one of `conv07_implicit_gemm_pipelined`: reduction ordered
+(r, s, c), filters rearranged once per call into a (R*S*Cp, Kp) matrix padded with zeros
+(Cp: channels rounded up to BK, Kp: filters rounded up to BM) so that the filter loads
+need no bounds test; a block computes BM filters x BN output pixels, a thread 8x8 of
+them (2x2 sub-blocks of 4x4, a warp an 8x4 patch of threads). Optionally the reduction is
+split over ``gridDim.z`` blocks (split-K, atomic adds into a zeroed output) for layers
+with too few output tiles to fill the GPU.
+
+NCHW float32, any stride / padding / dilation, any sizes (partial tiles are masked);
+groups are refused. Needs CuPy (``pip install cupy-cuda12x``) and compute capability
+>= 8.0 for ``cp.async``. `compile_ptx` compiles the source with NVRTC without a GPU
+(CI does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+
+CUDA_SOURCE = r"""
+// Implicit-GEMM convolution, NCHW float32. Y[k, j] = sum_l A[l, k] * B[l, j],
+// j = (n, p, q) output pixel, l = (r, s, c) reduction index.
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_bytes) {
+    // src_bytes = 0: nothing is read and the 4 bytes of shared memory become zero
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+// wt[((r*S + s)*Cp + c)*Kp + k] = w[k, c, r, s], zero where c >= C or k >= K.
+extern "C" __global__ void rsck_weights(const float* __restrict__ w, float* __restrict__ wt,
+                                        int K, int C, int R, int S, int Cp, int Kp) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= R * S * Cp * Kp) return;
+    int k = i % Kp, rest = i / Kp;
+    int c = rest % Cp, rs = rest / Cp;
+    int r = rs / S, s = rs % S;
+    wt[i] = (k < K && c < C) ? w[((k * C + c) * R + r) * S + s] : 0.0f;
+}
+
+template <int BM, int BN, int BK, int STAGES, int MINB>
+__global__ void __launch_bounds__((BM / 8) * (BN / 8), MINB)
+conv_igemm(const float* __restrict__ x, const float* __restrict__ wt, float* __restrict__ y,
+           int N, int C, int H, int W, int K, int R, int S, int P, int Q,
+           int sh, int sw, int ph, int pw, int dh, int dw, int Cp, int Kp, int tiles_per_split)
+{
+    constexpr int NT = (BM / 8) * (BN / 8);
+    constexpr int TX = BN / 8;          // threads along the pixels of the tile
+    constexpr int WX = TX / 8;          // warps along the pixels
+    constexpr int A_CHUNKS = BK * BM / 4;               // 16-byte pieces of a filter slab
+    constexpr int A_PER = (A_CHUNKS + NT - 1) / NT;
+    constexpr int B_PER = BK * BN / NT;                 // 4-byte pixels per thread per slab
+    constexpr int B_STEP = NT / BN;
+    static_assert(NT >= BN && NT % BN == 0, "one B column per thread");
+    static_assert(TX >= 8 && (BM / 8) >= 4, "warp tiling needs 8x4 threads");
+
+    __shared__ __align__(16) float As[STAGES][BK][BM];
+    __shared__ __align__(16) float Bs[STAGES][BK][BN];
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int tx = ((warp % WX) << 3) | (lane & 7);
+    const int ty = ((warp / WX) << 2) | (lane >> 3);
+    const int k0 = blockIdx.y * BM, j0 = blockIdx.x * BN;
+    const int PQ = P * Q, HW = H * W, NPQ = N * PQ;
+    const int CT = Cp / BK;                     // slabs per filter tap
+    const int n_tiles = R * S * CT;
+    const int t_begin = blockIdx.z * tiles_per_split;
+    const int t_end = min(n_tiles, t_begin + tiles_per_split);
+
+    // this thread's B column: one output pixel (clamped: extra columns are never stored)
+    const int b_n = tid % BN, b_kk = tid / BN;
+    const int j = min(j0 + b_n, NPQ - 1);
+    const int img = j / PQ, pq = j - img * PQ, p = pq / Q, q = pq - p * Q;
+    const int h_base = p * sh - ph, w_base = q * sw - pw;
+    const float* x_img = x + (size_t)img * C * HW;
+
+    // the next slab to load: index, tap (r, s), first channel
+    int ld_t = t_begin;
+    int ld_c0 = (t_begin % CT) * BK;
+    int ld_r = (t_begin / CT) / S, ld_s = (t_begin / CT) % S;
+
+    auto load_slab = [&](int stage) {
+        const float* a_src = wt + (size_t)ld_t * BK * Kp + k0;
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) {
+            int c = tid + i * NT;
+            if (A_CHUNKS % NT == 0 || c < A_CHUNKS) {
+                int kk = c / (BM / 4), m4 = (c % (BM / 4)) * 4;
+                cp_async16(&As[stage][kk][m4], a_src + (size_t)kk * Kp + m4);
+            }
+        }
+        const int h = h_base + ld_r * dh, w = w_base + ld_s * dw;
+        const bool inside = (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W;
+        const float* b_src = x_img + (size_t)(ld_c0 + b_kk) * HW + h * W + w;
+#pragma unroll
+        for (int i = 0; i < B_PER; ++i) {
+            const int kk = b_kk + i * B_STEP;
+            const bool ok = inside && (ld_c0 + kk < C);
+            cp_async4(&Bs[stage][kk][b_n], ok ? (const void*)(b_src + (size_t)i * B_STEP * HW)
+                                              : (const void*)x, ok ? 4 : 0);
+        }
+        ++ld_t;
+        ld_c0 += BK;
+        if (ld_c0 >= Cp) { ld_c0 = 0; if (++ld_s == S) { ld_s = 0; ++ld_r; } }
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) acc[i][jj] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (t_begin + st < t_end) load_slab(st);
+        cp_async_commit();
+    }
+    int st_compute = 0, st_load = STAGES - 1;
+    for (int t = t_begin; t < t_end; ++t) {
+        cp_async_wait<STAGES - 2>();   // slab t has landed (this thread's part) ...
+        __syncthreads();               // ... everybody's, and slab t-1 is no longer read
+        if (t + STAGES - 1 < t_end) load_slab(st_load);
+        cp_async_commit();
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            const float* as = &As[st_compute][kk][0];
+            const float* bs = &Bs[st_compute][kk][0];
+            const float4 a0 = *reinterpret_cast<const float4*>(as + ty * 4);
+            const float4 a1 = *reinterpret_cast<const float4*>(as + BM / 2 + ty * 4);
+            const float4 b0 = *reinterpret_cast<const float4*>(bs + tx * 4);
+            const float4 b1 = *reinterpret_cast<const float4*>(bs + BN / 2 + tx * 4);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
+        }
+        st_compute = (st_compute + 1 == STAGES) ? 0 : st_compute + 1;
+        st_load = (st_load + 1 == STAGES) ? 0 : st_load + 1;
+    }
+    cp_async_wait<0>();
+
+    // epilogue: y[img, k, p, q]; two runs of 4 neighbouring pixels per thread and filter
+    const bool split = gridDim.z > 1;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int jb = j0 + half * (BN / 2) + tx * 4;
+        if (jb >= NPQ) continue;
+        const int ib = jb / PQ, pb = jb - ib * PQ;
+        const bool vec = !split && (PQ % 4 == 0) && (jb + 3 < NPQ);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int k = k0 + (i / 4) * (BM / 2) + ty * 4 + (i % 4);
+            if (k >= K) continue;
+            const float* v = &acc[i][half * 4];
+            if (vec) {
+                *reinterpret_cast<float4*>(&y[((size_t)ib * K + k) * PQ + pb]) =
+                    make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+                int im = ib, pp = pb;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (jb + e < NPQ) {
+                        float* dst = &y[((size_t)im * K + k) * PQ + pp];
+                        if (split) atomicAdd(dst, v[e]); else *dst = v[e];
+                    }
+                    if (++pp == PQ) { pp = 0; ++im; }
+                }
+            }
+        }
+    }
+}
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A tile shape: BM filters x BN pixels x BK channels per slab, STAGES slabs in flight,
+    MINB blocks per SM promised to the compiler (caps registers), SPLIT_K blocks per tile."""
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 8
+    STAGES: int = 3
+    MINB: int = 2
+    SPLIT_K: int = 1
+
+    @property
+    def threads(self) -> int:
+        return (self.BM // 8) * (self.BN // 8)
+
+    @property
+    def name_expression(self) -> str:
+        return f"conv_igemm<{self.BM}, {self.BN}, {self.BK}, {self.STAGES}, {self.MINB}>"
+
+    def smem_bytes(self) -> int:
+        return 4 * self.STAGES * self.BK * (self.BM + self.BN)
+
+    def validate(self):
+        for v, what in ((self.BM, "BM"), (self.BN, "BN"), (self.BK, "BK")):
+            if v <= 0 or v & (v - 1):
+                raise ValueError(f"{what} must be a power of two, got {v}")
+        if self.BN < 64 or self.BM < 32 or self.threads < self.BN or self.threads % self.BN:
+            raise ValueError(f"unsupported tile {self}: needs BN >= 64, BM >= 32, "
+                             "threads >= BN")
+        if self.STAGES < 2 or self.smem_bytes() > 48 * 1024:
+            raise ValueError(f"{self}: STAGES >= 2 and at most 48 KB of shared memory")
+        return self
+
+    def __str__(self):
+        s = f"{self.BM}x{self.BN}x{self.BK} s{self.STAGES} b{self.MINB}"
+        return s + (f" splitK{self.SPLIT_K}" if self.SPLIT_K > 1 else "")
+
+
+DEFAULT = Config()
+# Candidate shapes for the autotuner (convlab.autotune) and the H200 sweep.
+CANDIDATES = [
+    Config(128, 128, 8, 3, 2), Config(128, 128, 8, 4, 2), Config(128, 128, 16, 3, 1),
+    Config(128, 128, 8, 3, 1), Config(64, 128, 8, 3, 2), Config(128, 64, 8, 3, 2),
+    Config(64, 128, 16, 3, 2), Config(128, 64, 16, 3, 2), Config(64, 64, 8, 4, 4),
+    Config(128, 128, 8, 3, 2, SPLIT_K=2), Config(128, 64, 8, 3, 2, SPLIT_K=2),
+]
+
+_MODULES: dict = {}
+
+
+def _module(configs):
+    """One CuPy RawModule with every requested template instantiation (cached)."""
+    import cupy as cp
+
+    names = tuple(sorted({c.name_expression for c in configs} | {DEFAULT.name_expression}))
+    for key, mod in _MODULES.items():
+        if set(names) <= set(key):
+            return mod
+    mod = cp.RawModule(code=CUDA_SOURCE, options=("-std=c++17",), name_expressions=names)
+    _MODULES[names] = mod
+    return mod
+
+
+def prepare(configs=CANDIDATES):
+    """Compile every configuration in one NVRTC call (the first launch would otherwise)."""
+    _module(configs)
+
+
+def _ptr(a) -> int:
+    return int(a.__cuda_array_interface__["data"][0])
+
+
+def _scratch(nbytes: int):
+    import cupy as cp
+
+    return cp.empty(nbytes // 4, dtype=cp.float32)
+
+
+def conv_igemm_launch(x, w, out, p, cfg: Config):
+    """Launch the weight transform and the implicit GEMM for ConvParams p (raw pointers)."""
+    import cupy as cp
+
+    cfg.validate()
+    mod = _module([cfg])
+    Cp = ceil_div(p.C, cfg.BK) * cfg.BK
+    Kp = ceil_div(p.K, cfg.BM) * cfg.BM
+    wt = _scratch(4 * p.R * p.S * Cp * Kp)
+    n_wt = p.R * p.S * Cp * Kp
+    i32 = np.int32
+    mod.get_function("rsck_weights")(
+        (ceil_div(n_wt, 256),), (256,),
+        (np.uint64(_ptr(w)), wt, i32(p.K), i32(p.C), i32(p.R), i32(p.S), i32(Cp), i32(Kp)))
+    n_tiles = p.R * p.S * (Cp // cfg.BK)
+    per_split = ceil_div(n_tiles, cfg.SPLIT_K)
+    split = ceil_div(n_tiles, per_split)
+    npq = p.N * p.P * p.Q
+    if max(npq, p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) >= 2**31:
+        raise Unsupported("conv2d_implicit_gemm_cuda uses 32-bit indices within an image "
+                          "batch: tensors must have fewer than 2**31 elements")
+    if split > 1:
+        cp.cuda.runtime.memsetAsync(_ptr(out), 0, 4 * p.N * p.K * p.P * p.Q,
+                                    cp.cuda.get_current_stream().ptr)
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    grid = (ceil_div(npq, cfg.BN), ceil_div(p.K, cfg.BM), split)
+    if grid[1] > 65535:
+        raise Unsupported(f"K={p.K} needs {grid[1]} block rows; CUDA allows 65535")
+    mod.get_function(cfg.name_expression)(
+        grid, (cfg.threads,),
+        (np.uint64(_ptr(x)), wt, np.uint64(_ptr(out)),
+         *(i32(v) for v in (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh,
+                            dw, Cp, Kp, per_split))))
+    return out
+
+
+def make_launcher(cfg: Config = DEFAULT, name: str = "conv2d_implicit_gemm_cuda"):
+    """A conv launcher (common signature) for one tile configuration."""
+    cfg.validate()
+
+    @launcher
+    def conv2d_implicit_gemm_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
+        return conv_igemm_launch(x, w, out, p, cfg)
+
+    conv2d_implicit_gemm_cuda.__name__ = name
+    conv2d_implicit_gemm_cuda.config = cfg
+    return conv2d_implicit_gemm_cuda
+
+
+conv2d_implicit_gemm_cuda = make_launcher(DEFAULT)
+
+
+# ----------------------------------------------------------------------------------------
+# Compiling without a GPU (CI): NVRTC from cuda-python
+
+
+def compile_ptx(configs=(DEFAULT,), arch: str = "compute_90") -> str:
+    """Compile CUDA_SOURCE with NVRTC for `arch` (no GPU needed); return the PTX.
+
+    Raises RuntimeError with NVRTC's log if the source does not compile.
+    """
+    from cuda.bindings import nvrtc
+
+    def ok(res, what):
+        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise RuntimeError(f"NVRTC {what} failed: {res[0]}")
+        return res[1] if len(res) > 1 else None
+
+    prog = ok(nvrtc.nvrtcCreateProgram(CUDA_SOURCE.encode(), b"conv_igemm.cu", 0, [], []),
+              "create")
+    names = [c.name_expression.encode() for c in configs]
+    for n in names:
+        ok(nvrtc.nvrtcAddNameExpression(prog, n), "add name")
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC compile failed:\n{log.decode(errors='replace')}")
+    size = ok(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
+    ptx = b" " * size
+    ok(nvrtc.nvrtcGetPTX(prog, ptx), "get ptx")
+    return ptx.decode().rstrip("\x00")
