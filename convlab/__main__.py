@@ -1,4 +1,5 @@
-"""Command line: ``python -m convlab doctor | bench``."""
+"""Command line: ``python -m convlab doctor | bench | exercises | grade | grade-batch |
+autograder``."""
 
 from __future__ import annotations
 
@@ -40,6 +41,68 @@ def _bench(args) -> int:
     return 0
 
 
+def _exercises(args) -> int:
+    from .grading.build import build
+
+    rep = build(args.root, check=args.check)
+    print(rep.text(args.check))
+    return 0 if rep.ok else 1
+
+
+def _grade_options(p):
+    p.add_argument("--instructor", default=None,
+                   help="the solution notebook, or a folder of them (default: solutions/)")
+    p.add_argument("--private-tests", default=None, help="a folder of extra instructor tests")
+    p.add_argument("--cell-timeout", type=float, default=None, help="seconds per cell (120)")
+    p.add_argument("--total-timeout", type=float, default=None, help="seconds in all (900)")
+    p.add_argument("--mode", default="sim", choices=("sim", "gpu"),
+                   help="run kernels under the simulator (default) or on the GPU")
+
+
+def _grade(args) -> int:
+    from .grading.grade import GradingError, grade
+    from .grading.gradescope import error_results, results_json, write_results
+
+    deny = [args.out] if args.out else []
+    try:
+        res = grade(args.notebook, args.instructor, args.private_tests,
+                    cell_timeout=args.cell_timeout, total_timeout=args.total_timeout,
+                    mode=args.mode, deny_write=deny)
+    except GradingError as e:
+        print(f"convlab grade: {e}", file=sys.stderr)
+        if args.out:
+            write_results(error_results(f"could not grade this submission: {e}"), args.out)
+        return 1
+    if args.out:
+        write_results(results_json(res), args.out)
+    if not args.quiet or res.error:
+        print(res.summary())
+    return 2 if res.error else 0
+
+
+def _grade_batch(args) -> int:
+    from .grading.batch import grade_batch
+
+    rows = grade_batch(args.folder, args.out, jobs=args.jobs, instructor=args.instructor,
+                       private_tests=args.private_tests, cell_timeout=args.cell_timeout,
+                       total_timeout=args.total_timeout, mode=args.mode)
+    for r in rows:
+        print(f"{r['submission']:<40} {r['score']:>6g} / {r['max_score'] or '?'} "
+              f"{r['status']} {r['error']}")
+    return 0
+
+
+def _autograder(args) -> int:
+    from .grading.gradescope import write_autograder
+
+    names = write_autograder(args.out, args.root, args.private_tests, args.notebooks,
+                             args.cell_timeout, args.total_timeout)
+    graders = [n for n in names if n.startswith("graders/")]
+    print(f"wrote {args.out}: setup.sh, run_autograder, the convlab package and "
+          f"{len(graders)} grading notebook(s) ({', '.join(g[8:] for g in graders)})")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="convlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -52,6 +115,32 @@ def main(argv=None) -> int:
     b.add_argument("--repeat", type=int, default=15)
     b.add_argument("--sim", action="store_true", help="force the simulator")
     b.set_defaults(func=_bench)
+    e = sub.add_parser("exercises", help="exercises/ from solutions/ (build, or --check)")
+    e.add_argument("action", choices=["build"])
+    e.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 and name the stale exercise notebooks")
+    e.add_argument("--root", default=None, help="the folder holding solutions/ (default: here)")
+    e.set_defaults(func=_exercises)
+    g = sub.add_parser("grade", help="grade one notebook (summary + Gradescope results.json)")
+    g.add_argument("notebook")
+    g.add_argument("--out", default=None, help="write Gradescope's results.json here")
+    g.add_argument("--quiet", action="store_true", help="no summary on the terminal")
+    _grade_options(g)
+    g.set_defaults(func=_grade)
+    gb = sub.add_parser("grade-batch", help="grade a folder of notebooks into gradebook.csv")
+    gb.add_argument("folder")
+    gb.add_argument("--out", default=None, help="output folder (default: FOLDER/graded)")
+    gb.add_argument("--jobs", type=int, default=2, help="notebooks graded at once")
+    _grade_options(gb)
+    gb.set_defaults(func=_grade_batch)
+    a = sub.add_parser("autograder", help="write a Gradescope autograder zip")
+    a.add_argument("--out", default="autograder.zip")
+    a.add_argument("--root", default=None, help="the folder holding solutions/")
+    a.add_argument("--private-tests", default=None, help="a folder of private tests to ship")
+    a.add_argument("--notebooks", nargs="*", default=None, help="only these (e.g. 06 or 06_tiling)")
+    a.add_argument("--cell-timeout", type=float, default=None)
+    a.add_argument("--total-timeout", type=float, default=None)
+    a.set_defaults(func=_autograder)
     args = ap.parse_args(argv)
     return args.func(args)
 

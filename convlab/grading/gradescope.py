@@ -1,0 +1,166 @@
+"""Gradescope: the results.json format and the autograder bundle.
+
+``python -m convlab autograder --out autograder.zip`` writes a zip with
+
+- ``setup.sh``: installs Python and convlab (no GPU extras) into /autograder/venv;
+- ``run_autograder``: grades the submitted notebook and writes
+  /autograder/results/results.json;
+- ``convlab_src/``: the package source;
+- ``graders/``: the grading notebooks, i.e. the solution notebooks with their solution
+  regions stubbed (no solution ships) and hidden tests kept;
+- ``private_tests/``: the instructor's private tests, when a folder is given.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import zipfile
+from pathlib import Path
+
+from . import notebook as nbf
+from .build import repo_root, solution_notebooks
+
+VISIBILITY = "visible"
+
+
+def results_json(result) -> dict:
+    """Gradescope's results.json for a GradeResult."""
+    tests = []
+    for t in result.tasks:
+        text = "✓ passed" if t.passed else f"✗ {t.message or t.kind}"
+        if t.output.strip():
+            text += "\n" + t.output.rstrip()
+        tests.append({"name": t.id, "score": t.score, "max_score": t.max_score,
+                      "status": t.status, "output": text, "visibility": VISIBILITY})
+    flags = result.flags
+    if flags:
+        tests.append({"name": "integrity review (instructor only, not scored)", "score": 0,
+                      "max_score": 0, "status": "passed", "visibility": "hidden",
+                      "output": "\n".join(f"{k}: {', '.join(v)}" for k, v in flags.items())})
+    out = {"score": result.score, "execution_time": round(result.seconds, 1),
+           "output": result.summary(), "visibility": VISIBILITY, "stdout_visibility": "hidden",
+           "tests": tests,
+           "extra_data": {"max_score": result.max_score, "restarts": result.restarts,
+                          "flags": flags, "instructor": Path(result.instructor).name}}
+    if result.error:
+        out["output"] = f"Could not grade this submission: {result.error}\n\n" + out["output"]
+        out["extra_data"]["error"] = result.error
+    return out
+
+
+def error_results(message: str, max_score: float = 0) -> dict:
+    """results.json for a submission that could not be graded at all."""
+    return {"score": 0, "output": message, "visibility": VISIBILITY,
+            "stdout_visibility": "hidden", "tests": [],
+            "extra_data": {"max_score": max_score, "error": message}}
+
+
+def write_results(data: dict, path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+SETUP_SH = """#!/usr/bin/env bash
+# Gradescope runs this once, when the autograder image is built (Ubuntu, no GPU).
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+if ! python3 -m venv --help >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq python3 python3-venv python3-pip >/dev/null
+fi
+python3 -m venv /autograder/venv
+/autograder/venv/bin/python -m pip install --quiet --upgrade pip
+# convlab without GPU extras: the grader runs every kernel under the Numba CUDA simulator.
+/autograder/venv/bin/python -m pip install --quiet /autograder/source/convlab_src
+# warm the imports once so the first submission is not slower than the others
+CONVLAB_MODE=sim NUMBA_ENABLE_CUDASIM=1 /autograder/venv/bin/python -c \\
+  "import convlab; convlab.setup('sim'); import convlab.kernels, convlab.check, nbclient"
+"""
+
+RUN_AUTOGRADER = """#!/usr/bin/env bash
+# Gradescope runs this for each submission; it writes $ROOT/results/results.json.
+# ROOT and PYTHON can be overridden to try the bundle outside Gradescope.
+set -uo pipefail
+ROOT="${AUTOGRADER_ROOT:-/autograder}"
+PYTHON="${CONVLAB_PYTHON:-$ROOT/venv/bin/python}"
+SRC="$ROOT/source"
+OUT="$ROOT/results/results.json"
+mkdir -p "$ROOT/results"
+zero() {  # results.json with score 0 and a message
+  printf '{"score": 0, "output": "%s", "tests": []}\\n' "$1" > "$OUT"
+}
+sub=$(find "$ROOT/submission" -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' 2>/dev/null \\
+      | sort | head -n 1)
+if [ -z "$sub" ]; then
+  zero "No .ipynb file in the submission: upload your exercise notebook."
+  exit 0
+fi
+args=(--instructor "$SRC/graders" --out "$OUT" @OPTIONS@)
+if [ -d "$SRC/private_tests" ]; then args+=(--private-tests "$SRC/private_tests"); fi
+cd "$ROOT"
+"$PYTHON" -m convlab grade "$sub" "${args[@]}"
+status=$?
+if [ ! -s "$OUT" ]; then
+  zero "The grader failed (exit status $status); please tell your instructor."
+fi
+exit 0
+"""
+
+_PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE", "LICENSE.md")
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes | str, executable: bool = False):
+    info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
+    mode = 0o755 if executable else 0o644
+    info.external_attr = (stat.S_IFREG | mode) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data.encode() if isinstance(data, str) else data)
+
+
+def write_autograder(out, root=None, private_tests=None, notebooks=None,
+                     cell_timeout: float | None = None,
+                     total_timeout: float | None = None) -> list[str]:
+    """Write the Gradescope autograder zip; return the names it holds.
+
+    notebooks: solution notebook stems to include (default: all of solutions/).
+    """
+    root = repo_root(root)
+    sols = solution_notebooks(root / "solutions")
+    if notebooks:
+        keep = set(notebooks)
+        sols = [s for s in sols if s.stem in keep or s.name in keep or s.stem[:2] in keep]
+    if not sols:
+        raise FileNotFoundError(f"no solution notebooks in {root / 'solutions'}")
+    options = []
+    if cell_timeout:
+        options += ["--cell-timeout", f"{cell_timeout:g}"]
+    if total_timeout:
+        options += ["--total-timeout", f"{total_timeout:g}"]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pkg = Path(__file__).resolve().parents[1]
+    with zipfile.ZipFile(out, "w") as zf:
+        _add(zf, "setup.sh", SETUP_SH, executable=True)
+        _add(zf, "run_autograder", RUN_AUTOGRADER.replace("@OPTIONS@", " ".join(options)),
+             executable=True)
+        for name in _PACKAGE_FILES:
+            p = pkg.parent / name
+            if p.is_file():
+                _add(zf, f"convlab_src/{name}", p.read_bytes())
+        for p in sorted(pkg.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
+                _add(zf, f"convlab_src/convlab/{p.relative_to(pkg).as_posix()}", p.read_bytes())
+        for s in sols:
+            gnb = nbf.grading_notebook(nbf.read(s), s.name)
+            _add(zf, f"graders/{s.name}", nbf.writes(gnb))
+        if private_tests:
+            pdir = Path(private_tests)
+            for p in sorted(pdir.rglob("*")):
+                if p.is_file() and p.suffix in (".py", ".ipynb"):
+                    _add(zf, f"private_tests/{p.relative_to(pdir).as_posix()}", p.read_bytes())
+        names = zf.namelist()
+    return names

@@ -1,0 +1,455 @@
+"""The exercise notebook format: markers, cells, tasks (no Jupyter kernel needed here).
+
+An exercise notebook has graded tasks. For a task id such as ``01.sobel``:
+
+- the answer cell starts with ``# EXERCISE: 01.sobel``; the solution sits between
+  ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (at the code's indentation);
+- test cells start with ``# TEST: 01.sobel points=2``; an optional hidden part sits between
+  ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``.
+
+A task scores its points (the sum over its TEST cells) iff all its TEST cells run
+without error.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import io
+import json
+import re
+import tokenize
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+EXERCISE_RE = re.compile(r"^\s*#\s*EXERCISE:\s*(?P<id>[\w.\-]+)\s*$")
+TEST_RE = re.compile(
+    r"^\s*#\s*TEST:\s*(?P<id>[\w.\-]+)(?:\s+points\s*=\s*(?P<points>\d+(?:\.\d+)?))?\s*$")
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+STUB_LINES = ("# YOUR CODE HERE", "pass")
+MARKDOWN_STUB = "YOUR ANSWER HERE"
+
+
+class NotebookFormatError(ValueError):
+    """A notebook breaks the exercise format (unmatched markers, a test without a task...)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Cells
+
+
+def source(cell) -> str:
+    s = cell.get("source", "")
+    return "".join(s) if isinstance(s, list) else s
+
+
+def header(text: str) -> str:
+    """The first non-blank line of a cell."""
+    for line in text.splitlines():
+        if line.strip():
+            return line
+    return ""
+
+
+def exercise_id(text: str) -> str | None:
+    m = EXERCISE_RE.match(header(text))
+    return m.group("id") if m else None
+
+
+def test_marker(text: str) -> tuple[str, float] | None:
+    m = TEST_RE.match(header(text))
+    if not m:
+        return None
+    pts = float(m.group("points")) if m.group("points") else 1.0
+    return m.group("id"), (int(pts) if pts.is_integer() else pts)
+
+
+def _replace_regions(text: str, begin: str, end: str, stub, where: str) -> str:
+    """Replace every begin..end region (marker lines included) by stub(indent) lines."""
+    out, inside, indent = [], False, ""
+    lines = text.split("\n")
+    for n, line in enumerate(lines, 1):
+        s = line.strip()
+        if s == begin:
+            if inside:
+                raise NotebookFormatError(f"{where}, line {n}: '{begin}' inside another one")
+            inside, indent = True, line[: len(line) - len(line.lstrip())]
+            out.extend(indent + x if x else x for x in stub)
+        elif s == end:
+            if not inside:
+                raise NotebookFormatError(f"{where}, line {n}: '{end}' without '{begin}'")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise NotebookFormatError(f"{where}: '{begin}' is never closed by '{end}'")
+    return "\n".join(out)
+
+
+def strip_solution(text: str, where: str = "cell", markdown: bool = False) -> str:
+    """Solution regions -> ``# YOUR CODE HERE`` + ``pass`` at the region's indentation."""
+    return _replace_regions(text, BEGIN_SOLUTION, END_SOLUTION,
+                            (MARKDOWN_STUB,) if markdown else STUB_LINES, where)
+
+
+def strip_hidden(text: str, where: str = "cell") -> str:
+    """Hidden-test regions removed (marker lines included)."""
+    return _replace_regions(text, BEGIN_HIDDEN, END_HIDDEN, (), where)
+
+
+def has_marker(text: str, marker: str) -> bool:
+    return any(line.strip() == marker for line in text.splitlines())
+
+
+# ----------------------------------------------------------------------------------------
+# Notebooks
+
+
+def read(path) -> nbformat.NotebookNode:
+    """Read a notebook; raise NotebookFormatError with the reason when it is not one."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotebookFormatError(f"{path}: cannot read it ({e})") from e
+    return reads(text, str(path))
+
+
+def reads(text: str, name: str = "notebook") -> nbformat.NotebookNode:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise NotebookFormatError(f"{name}: not a notebook, the JSON is broken ({e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise NotebookFormatError(f"{name}: not a notebook (no list of cells)")
+    try:
+        nb = nbformat.from_dict(data)
+        if nb.get("nbformat", 4) < 4:
+            nb = nbformat.convert(nb, 4)
+    except Exception as e:  # noqa: BLE001  (any malformed notebook is the same failure)
+        raise NotebookFormatError(f"{name}: not a readable notebook ({e})") from e
+    for c in nb.cells:
+        if "source" in c:
+            c["source"] = source(c)
+        c.setdefault("metadata", {})
+    return nb
+
+
+def writes(nb) -> str:
+    """Deterministic JSON text of a notebook (nbformat's layout, a final newline)."""
+    return nbformat.writes(nb, version=nbformat.NO_CONVERT).rstrip("\n") + "\n"
+
+
+@dataclass
+class Task:
+    id: str
+    answer_cell: int | None = None  # index of the (last) answer cell
+    test_cells: list = field(default_factory=list)
+    points: float = 0
+
+    @property
+    def max_score(self) -> float:
+        return self.points
+
+
+@dataclass
+class Layout:
+    """Where the tasks of a notebook are: id -> Task, in notebook order."""
+
+    tasks: dict
+    problems: list = field(default_factory=list)  # format problems, as sentences
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.points for t in self.tasks.values())
+
+
+def layout(nb, name: str = "notebook") -> Layout:
+    """Find the tasks of a notebook and what is wrong with its format."""
+    tasks: dict[str, Task] = {}
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") != "code":
+            continue
+        text = source(cell)
+        ex, tm = exercise_id(text), test_marker(text)
+        if ex:
+            t = tasks.setdefault(ex, Task(ex))
+            if t.answer_cell is not None:
+                problems.append(f"{name}: task {ex} has two answer cells (cells {t.answer_cell} "
+                                f"and {i})")
+            t.answer_cell = i
+        elif tm:
+            tid, pts = tm
+            if tid not in tasks or tasks[tid].answer_cell is None:
+                problems.append(f"{name}: cell {i} tests task {tid}, which has no "
+                                "'# EXERCISE:' answer cell above it")
+                tasks.setdefault(tid, Task(tid))
+            tasks[tid].test_cells.append(i)
+            tasks[tid].points += pts
+    for t in tasks.values():
+        if not t.test_cells:
+            problems.append(f"{name}: task {t.id} has no '# TEST: {t.id} points=N' cell")
+    return Layout(tasks, problems)
+
+
+def validate_solution(nb, name: str) -> list[str]:
+    """Format problems of a solution notebook (an empty list when it is fine)."""
+    problems = list(layout(nb, name).problems)
+    for i, cell in enumerate(nb.cells):
+        text, where = source(cell), f"{name}, cell {i}"
+        try:
+            strip_solution(text, where)
+            strip_hidden(text, where)
+        except NotebookFormatError as e:
+            problems.append(str(e))
+            continue
+        if cell.get("cell_type") == "code" and exercise_id(text) and not has_marker(
+                text, BEGIN_SOLUTION):
+            problems.append(f"{where}: answer cell {exercise_id(text)} has no "
+                            f"'{BEGIN_SOLUTION}' region")
+        if cell.get("cell_type") == "code" and not exercise_id(text) and has_marker(
+                text, BEGIN_SOLUTION):
+            problems.append(f"{where}: a solution region outside an '# EXERCISE:' cell")
+        if has_marker(text, BEGIN_HIDDEN) and not test_marker(text):
+            problems.append(f"{where}: a hidden-test region outside a '# TEST:' cell")
+    return problems
+
+
+def _clean_cell(cell, index: int):
+    cell = copy.deepcopy(cell)
+    if cell.get("cell_type") == "code":
+        cell["outputs"] = []
+        cell["execution_count"] = None
+    for key in ("execution", "collapsed", "scrolled", "ExecuteTime"):
+        cell.get("metadata", {}).pop(key, None)
+    if not cell.get("id"):
+        cell["id"] = f"cell-{index}"
+    if "attachments" in cell and not cell["attachments"]:
+        del cell["attachments"]
+    return cell
+
+
+def _clean_notebook(nb, cells):
+    out = copy.deepcopy(nb)
+    out.cells = cells
+    out.metadata.pop("widgets", None)
+    out.nbformat, out.nbformat_minor = 4, max(int(nb.get("nbformat_minor", 5)), 5)
+    return out
+
+
+def exercise_notebook(nb, name: str = "notebook", generated_from: str | None = None):
+    """The learner's notebook: solutions stubbed, hidden tests removed, outputs cleared."""
+    problems = validate_solution(nb, name)
+    if problems:
+        raise NotebookFormatError("\n".join(problems))
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        c = _clean_cell(cell, i)
+        where = f"{name}, cell {i}"
+        text = strip_solution(source(c), where, markdown=c.get("cell_type") == "markdown")
+        c["source"] = strip_hidden(text, where)
+        cells.append(c)
+    out = _clean_notebook(nb, cells)
+    if generated_from:
+        out.metadata["convlab"] = {
+            "generated_from": generated_from,
+            "note": "generated by `python -m convlab exercises build`: edit the solution"}
+    return out
+
+
+def grading_notebook(nb, name: str = "notebook", private_tests=None):
+    """The instructor's notebook for grading: solutions stubbed, hidden tests kept.
+
+    private_tests: cells (from `load_private_tests`) merged after each task's last test.
+    It never contains a solution, so it can ship in an autograder bundle.
+    """
+    problems = validate_solution(nb, name)
+    if problems:
+        raise NotebookFormatError("\n".join(problems))
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        c = _clean_cell(cell, i)
+        c["source"] = strip_solution(source(c), f"{name}, cell {i}",
+                                     markdown=c.get("cell_type") == "markdown")
+        cells.append(c)
+    out = _clean_notebook(nb, cells)
+    if private_tests:
+        merge_private_tests(out, private_tests)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Private tests
+
+
+def load_private_tests(folder) -> list:
+    """Instructor test cells from a folder: ``*.py`` files and ``*.ipynb`` notebooks.
+
+    In a ``.py`` file every line ``# TEST: <id> points=N`` starts a new test cell that runs
+    to the next such line; in a notebook every code cell that starts with one is a test.
+    Returns nbformat code cells.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotebookFormatError(f"private tests folder {folder} does not exist")
+    cells = []
+    for path in sorted(folder.rglob("*")):
+        if path.suffix == ".py":
+            block: list[str] | None = None
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if test_marker(line):
+                    if block:
+                        cells.append("\n".join(block).rstrip() + "\n")
+                    block = [line]
+                elif block is not None:
+                    block.append(line)
+            if block:
+                cells.append("\n".join(block).rstrip() + "\n")
+        elif path.suffix == ".ipynb" and ".ipynb_checkpoints" not in path.parts:
+            for c in read(path).cells:
+                if c.get("cell_type") == "code" and test_marker(source(c)):
+                    cells.append(source(c))
+    out = []
+    for n, text in enumerate(cells):
+        c = nbformat.v4.new_code_cell(text.rstrip("\n"))
+        c["id"] = f"private-{n}"
+        c["metadata"]["convlab"] = {"private": True}
+        out.append(c)
+    return out
+
+
+def merge_private_tests(nb, cells) -> list[str]:
+    """Insert each private test after the last test of its task; return the ids merged."""
+    merged = []
+    for c in cells:
+        tid, _ = test_marker(source(c))
+        lay = layout(nb)
+        t = lay.tasks.get(tid)
+        if t is None or t.answer_cell is None:
+            continue  # a test for another notebook
+        at = max([t.answer_cell, *t.test_cells]) + 1
+        nb.cells.insert(at, copy.deepcopy(c))
+        merged.append(tid)
+    return merged
+
+
+# ----------------------------------------------------------------------------------------
+# Static analysis of cell sources (in the grader process, which the learner cannot touch)
+
+
+def python_source(text: str) -> str:
+    """Cell text with IPython syntax (magics, !shell) turned into plain Python."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return TransformerManager().transform_cell(text)
+    except Exception:  # noqa: BLE001
+        return text
+
+
+def bound_names(text: str) -> list[str]:
+    """Names a cell binds at top level (assignments, defs, imports, for/with targets)."""
+    try:
+        tree = ast.parse(python_source(text))
+    except SyntaxError:
+        return []
+    names: list[str] = []
+
+    def targets(node):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, (ast.Tuple, ast.List)):
+            for e in node.elts:
+                targets(e)
+        elif isinstance(node, ast.Starred):
+            targets(node.value)
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, ast.Assign):
+                for t in node.targets:
+                    targets(t)
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets(node.target)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    if a.name != "*":
+                        names.append(a.asname or a.name.split(".")[0])
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                targets(node.target)
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        targets(item.optional_vars)
+                visit(node.body)
+            elif isinstance(node, (ast.If, ast.While)):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for h in node.handlers:
+                    visit(h.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+
+    visit(tree.body)
+    return sorted(set(names))
+
+
+# Patterns in an answer that deserve a human look. They do not change the score: the
+# sandbox decides that; these explain to the instructor what a submission tried.
+_FLAGS = [
+    (r"\b(sys\.exit|os\._exit|os\.abort)\b|\b(exit|quit)\s*\(", "tries to exit the interpreter"),
+    (r"results\.json", "mentions results.json"),
+    (r"\bsolutions\b", "mentions the solutions folder"),
+    (r"\bconvlab\.(check|grading)\b|from\s+convlab(\.\w+)?\s+import\s+.*\b(check|grading)\b",
+     "touches the checker or the grader"),
+    (r"\bconvlab\.(reference|kernels|baselines)\b|from\s+convlab\.(reference|kernels|baselines)"
+     r"|from\s+convlab\s+import\s+.*\b(reference|kernels|baselines)\b",
+     "uses the package's reference or kernels (refused inside an answer)"),
+    (r"\b(setattr|delattr)\s*\(\s*(np|numpy|convlab|sys|builtins|math|os)\b",
+     "setattr/delattr on a module"),
+    (r"\b(np|numpy|convlab|builtins|math|sys|os)(\.\w+)+\s*=[^=]", "assigns into a module"),
+    (r"\b(builtins|__builtins__|__import__|importlib|sys\.modules)\b",
+     "reaches into builtins / the import system"),
+    (r"\b(gc|ctypes|inspect|sys\._getframe|_getframe|f_back|f_locals|f_globals|tb_frame|"
+     r"gi_frame|__closure__|cell_contents|__code__|__globals__|settrace|setprofile|"
+     r"addaudithook)\b", "introspects frames, closures or the interpreter"),
+    (r"\b(get_ipython|IPython|ipykernel|run_cell|input_transformers|ast_transformers|"
+     r"set_custom_exc)\b", "touches the notebook machinery"),
+    (r"\b(subprocess|os\.system|os\.popen|os\.fork|multiprocessing|signal)\b",
+     "starts processes or handles signals"),
+    (r"\b(mock|monkeypatch)\b", "monkeypatching"),
+    (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
+    (r"\bopen\s*\(", "opens files"),
+    (r"\bthreading\b", "starts threads"),
+]
+_PRINT_PASS = re.compile(r"print\s*\([^)]*(✓|✔|\bpass(ed)?\b|\bOK\b|FULL MARKS|score)", re.I)
+
+
+def _code_without_comments(text: str) -> str:
+    try:
+        toks = tokenize.generate_tokens(io.StringIO(python_source(text)).readline)
+        return tokenize.untokenize((t.type, t.string) for t in toks if t.type != tokenize.COMMENT)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+
+
+def scan_flags(text: str) -> list[str]:
+    """What in an answer cell looks like an attempt to game the grader (for review)."""
+    code = _code_without_comments(text)
+    flags = []
+    for pattern, why in _FLAGS:
+        if why and re.search(pattern, code):
+            flags.append(why)
+    if _PRINT_PASS.search(code):
+        flags.append("prints pass-like lines")
+    return flags
