@@ -9,10 +9,10 @@ Each CUDA thread is a Python function call. Kernels without ``syncthreads`` run 
 threads one after another on the calling thread (fast); kernels with it run one OS
 thread per CUDA thread and a block-wide barrier, like the simulator.
 
-A `sys.settrace` opcode tracer, installed only in the kernel's (and its device
-functions') frames, counts loop iterations, so each access knows *which dynamic
-instance* of its instruction it is: (call path, instruction, iteration of every
-enclosing loop). Threads of a warp that execute the same instance form one warp
+A `sys.settrace` line tracer, installed only in the kernel's (and its device
+functions') frames, counts loop iterations (loops are found in the bytecode), so each
+access knows *which dynamic instance* of its instruction it is: (call path,
+instruction, iteration of every enclosing loop). Threads of a warp that execute the same instance form one warp
 request, even where control flow diverges (a thread that skips an iteration is simply
 not active in that request).
 """
@@ -92,6 +92,11 @@ class CodeInfo:
                         break
                 if merged:
                     break
+        # A loop starts at the first instruction of its head's line (a line event fires
+        # there on entry even where the head itself, e.g. FOR_ITER, is mid-line).
+        starts = sorted(off for off, _ in dis.findlinestarts(code))
+        for L in loops:
+            L[0] = max((off for off in starts if off <= L[0]), default=L[0])
         loops.sort(key=lambda L: (L[0], -L[1]))
         self.nloops = len(loops)
         self.heads = {}
@@ -100,37 +105,52 @@ class CodeInfo:
             self.heads.setdefault(head, []).append(k)
         interned: dict = {}
         self.enclosing = {}
+        self.getters = {}  # offset -> counters of the enclosing loops (itemgetter)
         for i in instrs:
             enc = tuple(k for k, (t, s, _) in enumerate(loops) if t <= i.offset <= s)
             self.enclosing[i.offset] = interned.setdefault(enc, enc)
+            if enc:
+                self.getters[i.offset] = operator.itemgetter(*enc)
+        self.cache: dict = {}  # (offset, kind, counters) -> (site id, context id)
 
 
 class FrameState:
-    """Loop iteration counters of one running kernel / device-function frame."""
+    """Loop iteration counters of one running kernel / device-function frame.
 
-    __slots__ = ("info", "counters", "prev")
+    Driven by *line* events: CPython reports one when a new line starts and whenever a
+    jump goes backwards (the next loop iteration). Entering a loop's range from outside
+    sets its counter to -1; reaching its head by such an event adds 1. The first
+    iteration of a ``for`` loop reaches FOR_ITER without an event, so iterations are
+    numbered -1, 0, 1, ... there: the same numbering in every thread, which is all the
+    grouping needs.
+    """
+
+    __slots__ = ("info", "counters", "prev", "trace")
 
     def __init__(self, info: CodeInfo):
         self.info = info
-        self.counters = [0] * info.nloops
+        counters = self.counters = [0] * info.nloops
         self.prev = ()
+        enc_get, heads_get = info.enclosing.get, info.heads.get
+        state = self
 
-    def trace(self, frame, event, arg):
-        if event == "opcode":
+        def trace(frame, event, arg):
             o = frame.f_lasti
-            info = self.info
-            enc = info.enclosing.get(o, ())
-            if enc is not self.prev:
-                prev = self.prev
+            enc = enc_get(o, ())
+            if enc is not state.prev:
+                prev = state.prev
                 for k in enc:
                     if k not in prev:
-                        self.counters[k] = -1  # entered loop k from outside
-                self.prev = enc
-            heads = info.heads.get(o)
+                        counters[k] = -1  # entered loop k from outside
+                state.prev = enc
+            heads = heads_get(o)
             if heads is not None:
                 for k in heads:
-                    self.counters[k] += 1
-        return self.trace
+                    counters[k] += 1
+            return trace
+
+        trace.state = self
+        self.trace = trace
 
 
 # ----------------------------------------------------------------------------------------
@@ -204,10 +224,11 @@ def _is_int(i) -> bool:
 class TracedArray:
     """A kernel's view of an array: NumPy storage, every element access recorded."""
 
-    __slots__ = ("_a", "_id", "_off")
+    __slots__ = ("_a", "_id", "_off", "_st", "_sh", "_nd", "_isz")
 
     def __init__(self, a: np.ndarray, aid: int, off: int):
         self._a, self._id, self._off = a, aid, off
+        self._st, self._sh, self._nd, self._isz = a.strides, a.shape, a.ndim, a.itemsize
 
     # the attributes kernels use
     @property
@@ -267,25 +288,32 @@ class TracedArray:
 
     def _offset(self, t):
         off = self._off
-        for i, n, st in zip(t, self._a.shape, self._a.strides, strict=True):
+        for i, n, st in zip(t, self._sh, self._st, strict=True):
             i = operator.index(i)
             off += (i + n if i < 0 else i) * st
         return off
 
     def __getitem__(self, idx):
-        t = idx if type(idx) is tuple else (idx,)
-        if len(t) == self._a.ndim and all(_is_int(i) for i in t):
-            v = self._a[idx]  # NumPy checks the bounds
-            record(sys._getframe(1), LOAD, self._id, self._offset(t), self._a.itemsize)
-            return v
-        return self._view(self._a[idx])
+        v = self._a[idx]  # NumPy checks the bounds
+        if type(v) is np.ndarray:
+            return self._view(v)
+        if type(idx) is tuple:
+            if len(idx) != self._nd:
+                raise TraceError("unsupported indexing inside a traced kernel")
+            off = self._off
+            for i, n, st in zip(idx, self._sh, self._st):  # noqa: B905  (lengths checked)
+                off += (i + n if i < 0 else i) * st
+        else:
+            off = self._off + (idx + self._sh[0] if idx < 0 else idx) * self._st[0]
+        record(sys._getframe(1), LOAD, self._id, off, self._isz)
+        return v
 
     def __setitem__(self, idx, value):
         t = idx if type(idx) is tuple else (idx,)
-        if not (len(t) == self._a.ndim and all(_is_int(i) for i in t)):
+        if len(t) != self._nd or not all(_is_int(i) for i in t):
             raise TraceError("slice assignment inside a kernel is not supported by the tracer")
         self._a[idx] = value
-        record(sys._getframe(1), STORE, self._id, self._offset(t), self._a.itemsize)
+        record(sys._getframe(1), STORE, self._id, self._offset(t), self._isz)
 
     def __repr__(self):
         return f"TracedArray(shape={self._a.shape}, dtype={self._a.dtype})"
@@ -296,20 +324,34 @@ class TracedArray:
 
 
 def record(frame, kind: int, aid: int, offset: int, size: int):
-    ctx = getattr(_tls, "ctx", None)
-    if ctx is None:
-        raise TraceError("a traced array was used outside a traced kernel launch")
-    site, cid = ctx.run.locate(frame, kind)
-    key = (site, cid)
-    if key in ctx.seen:
-        s = ctx.run.rec.sites[site]
+    """Append one access of the current simulated thread (the hot path of the tracer)."""
+    try:
+        ctx = _tls.ctx
+        st = frame.f_trace.state
+        info = st.info
+    except AttributeError:
+        ctx = getattr(_tls, "ctx", None)
+        if ctx is None:
+            raise TraceError("a traced array was used outside a traced kernel launch") from None
+        ctx.run.locate(frame, kind)  # raises the explanation
+        raise
+    o = frame.f_lasti
+    get = info.getters.get(o)
+    key = (o, kind, get(st.counters)) if get is not None else (o, kind)
+    ids = info.cache.get(key) if info.is_kernel else None
+    if ids is None:
+        ids = ctx.run.locate(frame, kind)
+        if info.is_kernel:
+            info.cache[key] = ids
+    if ids in ctx.seen:
+        s = ctx.run.rec.sites[ids[0]]
         raise TraceError(
             f"thread {tuple(ctx.threadIdx)} of block {tuple(ctx.blockIdx)} executed "
             f"{s['label']} twice in what the tracer takes for one loop iteration, so it "
             "cannot group this kernel's accesses into warp requests (recursion? a loop the "
             "bytecode analysis did not recognise?)")
-    ctx.seen.add(key)
-    ctx.records.append((site, cid, aid, offset, size, ctx.epoch, ctx.seq))
+    ctx.seen.add(ids)
+    ctx.records.append((ids[0], ids[1], aid, offset, size, ctx.epoch, ctx.seq))
     ctx.seq += 1
 
 
@@ -635,7 +677,7 @@ class KernelRun:
 
     # -- where an access comes from
     def locate(self, frame, kind):
-        st = getattr(frame.f_trace, "__self__", None)
+        st = getattr(frame.f_trace, "state", None)
         if not isinstance(st, FrameState):
             line, _ = code_position(frame.f_code, frame.f_lasti)
             raise TraceError(
@@ -645,11 +687,11 @@ class KernelRun:
         parts = []
         f = frame
         while f is not None:
-            st = getattr(f.f_trace, "__self__", None)
+            st = getattr(f.f_trace, "state", None)
             if isinstance(st, FrameState):
                 o = f.f_lasti
                 c = st.counters
-                parts.append((f.f_code, o, tuple(c[k] for k in st.info.enclosing.get(o, ()))))
+                parts.append((id(f.f_code), o, tuple(c[k] for k in st.info.enclosing.get(o, ()))))
                 if st.info.is_kernel:
                     break
             f = f.f_back
@@ -662,10 +704,7 @@ class KernelRun:
         info = self.swaps.codes.get(frame.f_code)
         if info is None:
             return None
-        st = FrameState(info)
-        frame.f_trace_lines = False
-        frame.f_trace_opcodes = True
-        return st.trace
+        return FrameState(info).trace
 
     # -- shared memory
     def shared_array(self, frame, shape, dtype):
@@ -836,6 +875,7 @@ class Recorder:
         self.arrays: list = []
         self.launches: list = []
         self._site_ids: dict = {}
+        self._codes: list = []
         self._ctx_ids: dict = {}
         self.ctx_keys: list = []
         self._array_keys: dict = {}
@@ -845,7 +885,7 @@ class Recorder:
 
     # -- interning
     def site_id(self, code, offset, kind, run) -> int:
-        key = (code, offset, kind)
+        key = (id(code), offset, kind)
         sid = self._site_ids.get(key)
         if sid is None:
             with self._lock:
@@ -861,6 +901,7 @@ class Recorder:
                         file=os.path.basename(code.co_filename), kernel=run.py_func.__name__,
                         label=f"{where}: {text or '?'}"))
                     self._site_ids[key] = sid
+                    self._codes.append(code)  # keeps id(code) unique while we live
         return sid
 
     def ctx_id(self, parts) -> int:
