@@ -135,16 +135,20 @@ def test_lesson01_runs_and_its_explorer_redraws(page, lab):
     outs = nb.outputs(page)
 
     errors = [o for o in outs if nb.ERROR.search(o["text"]) and "stderr" in o["mime"]]
-    assert not errors, "cell raised:\n" + "\n---\n".join(o["text"][:800] for o in errors)
+    if errors:
+        pytest.fail("cell raised:\n" + "\n---\n".join(
+            f"cell {o['cell']}: {o['text'].strip()[:800]}" for o in errors), pytrace=False)
     not_run = [i for i, p in enumerate(st["prompts"]) if not re.fullmatch(r"\[\d+\]:", p)]
     assert not not_run, f"code cells {not_run} did not run (prompts {st['prompts']})"
 
     fallback = [o for o in outs if nb.FALLBACK.search(o["text"])
                 or any(t in o["text"] for t in nb.FALLBACK_TEXTS)]
-    assert not fallback, (
-        "a widget or plot rendered as text (is the widget extension "
-        "@jupyter-widgets/jupyterlab-manager installed and enabled?):\n"
-        + "\n---\n".join(f"cell {o['cell']}: {o['text'][:300]}" for o in fallback))
+    if fallback:
+        pytest.fail(
+            "a widget or plot rendered as text (is the widget extension "
+            "@jupyter-widgets/jupyterlab-manager installed and enabled?):\n"
+            + "\n---\n".join(f"cell {o['cell']}: {o['text'].strip()[:400]}" for o in fallback),
+            pytrace=False)
 
     plots = [o for o in outs if o["mime"] == "image/png"]
     assert plots, "no matplotlib plot rendered as an image/png output"
