@@ -25,3 +25,12 @@ def filter_launch_params(name: str, image, kernel, out) -> tuple:
     if H * W >= 2**31:
         raise Unsupported(f"{name}: images of 2**31 pixels or more need 64-bit indices")
     return H, W, R, S
+
+
+def jit_options(threads: int, min_blocks: int = 0) -> dict:
+    """``cuda.jit`` launch bounds on a GPU; nothing under the simulator, which refuses them."""
+    from ..runtime import is_simulator
+
+    if is_simulator() or not min_blocks:
+        return {}
+    return {"launch_bounds": (threads, min_blocks)}
