@@ -505,3 +505,68 @@ def test_tracer_runs_where_numba_chose_the_real_gpu():
     assert r.returncode == 0, r.stderr[-3000:]
     ratio = float(r.stdout.split("RATIO")[1])
     assert ratio == pytest.approx(94 / 13)
+
+
+# ----------------------------------------------------------------------------------------
+# the loop-iteration counter itself, on plain Python (for, nested, one-line, while with
+# continue, while True with break), with thread-dependent divergence
+
+
+_PROBES: list = []
+
+
+def _probe(*true_iteration):
+    f = sys._getframe(1)
+    st = f.f_trace.state
+    enc = st.info.enclosing[f.f_lasti]
+    _PROBES.append((f.f_lasti, tuple(st.counters[k] for k in enc), true_iteration))
+
+
+def _loops(tid):
+    for i in range(3):
+        if (i + tid) % 2 == 0:
+            _probe(0, i)
+        for j in range(2):
+            if (tid + j) % 3 != 0:
+                _probe(1, i, j)
+    for k in range(4): _probe(2, k)  # noqa: E701
+    n, it = tid, 0
+    while n < 10:
+        if n % 3 == 1:
+            n += 2
+            it += 1
+            continue
+        _probe(3, it)
+        n += 2
+        it += 1
+    m = 0
+    while True:
+        m += 1
+        if m > 2 + tid % 2:
+            break
+        _probe(4, m)
+
+
+def test_loop_counters_name_the_same_iteration_in_every_thread():
+    from convlab.trace._engine import CodeInfo, FrameState
+
+    info = CodeInfo(_loops.__code__, True)
+    assert info.nloops == 5
+
+    def start(frame, event, arg):
+        return FrameState(info).start(frame) if frame.f_code is _loops.__code__ else None
+
+    key_to_iteration: dict = {}
+    for tid in range(6):  # each "thread" skips different iterations
+        _PROBES.clear()
+        old = sys.gettrace()
+        sys.settrace(start)
+        try:
+            _loops(tid)
+        finally:
+            sys.settrace(old)
+        keys = [(o, c) for o, c, _ in _PROBES]
+        assert len(set(keys)) == len(keys)  # one key per dynamic instance
+        for o, c, true in _PROBES:
+            assert key_to_iteration.setdefault((o, c), true) == true
+    assert len(key_to_iteration) == 3 + 6 + 4 + 5 + 3  # every (site, iteration) seen

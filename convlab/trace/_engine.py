@@ -12,9 +12,9 @@ thread per CUDA thread and a block-wide barrier, like the simulator.
 A `sys.settrace` line tracer, installed only in the kernel's (and its device
 functions') frames, counts loop iterations (loops are found in the bytecode), so each
 access knows *which dynamic instance* of its instruction it is: (call path,
-instruction, iteration of every enclosing loop). Threads of a warp that execute the same instance form one warp
-request, even where control flow diverges (a thread that skips an iteration is simply
-not active in that request).
+instruction, iteration of every enclosing loop). Threads of a warp that execute the
+same instance form one warp request, even where control flow diverges (a thread that
+skips an iteration is simply not active in that request).
 """
 
 from __future__ import annotations
@@ -97,6 +97,21 @@ class CodeInfo:
         starts = sorted(off for off, _ in dis.findlinestarts(code))
         for L in loops:
             L[0] = max((off for off in starts if off <= L[0]), default=L[0])
+        # Python 3.13 reports the line event of a backward jump within one line (a loop
+        # body on the loop's own line) at the jump, not at the loop head: there, such code
+        # objects are traced opcode by opcode. (3.12 needs no opcode events: it reports
+        # them at the head, and it would not deliver opcode events anyway.)
+        line_of = {}
+        cur = None
+        for off, lno in sorted(dis.findlinestarts(code)):
+            line_of[off] = cur = lno if lno is not None else cur
+        lines = {}
+        cur = None
+        for i in instrs:
+            cur = line_of.get(i.offset, cur)
+            lines[i.offset] = cur
+        self.opcodes = sys.version_info >= (3, 13) and any(
+            lines.get(t) == lines.get(s) for L in loops for t, s in L[2])
         loops.sort(key=lambda L: (L[0], -L[1]))
         self.nloops = len(loops)
         self.heads = {}
@@ -106,11 +121,13 @@ class CodeInfo:
         interned: dict = {}
         self.enclosing = {}
         self.getters = {}  # offset -> counters of the enclosing loops (itemgetter)
-        for i in instrs:
-            enc = tuple(k for k, (t, s, _) in enumerate(loops) if t <= i.offset <= s)
-            self.enclosing[i.offset] = interned.setdefault(enc, enc)
+        # Every 2-byte code unit, inline caches included: a caller's f_lasti can point at
+        # the last cache entry of its CALL.
+        for off in range(0, len(code.co_code), 2):
+            enc = tuple(k for k, (t, s, _) in enumerate(loops) if t <= off <= s)
+            self.enclosing[off] = interned.setdefault(enc, enc)
             if enc:
-                self.getters[i.offset] = operator.itemgetter(*enc)
+                self.getters[off] = operator.itemgetter(*enc)
         self.cache: dict = {}  # (offset, kind, counters) -> (site id, context id)
 
 
@@ -134,7 +151,13 @@ class FrameState:
         enc_get, heads_get = info.enclosing.get, info.heads.get
         state = self
 
+        opcodes = info.opcodes
+
         def trace(frame, event, arg):
+            if opcodes and event == "line":
+                if frame.f_trace_opcodes:
+                    return trace  # opcode events drive the counters
+                frame.f_trace_opcodes = True  # (honoured from here on, also on 3.13)
             o = frame.f_lasti
             enc = enc_get(o, ())
             if enc is not state.prev:
@@ -151,6 +174,10 @@ class FrameState:
 
         trace.state = self
         self.trace = trace
+
+    def start(self, frame):
+        """Install on a new frame; return the local trace function for settrace."""
+        return self.trace
 
 
 # ----------------------------------------------------------------------------------------
@@ -704,7 +731,7 @@ class KernelRun:
         info = self.swaps.codes.get(frame.f_code)
         if info is None:
             return None
-        return FrameState(info).trace
+        return FrameState(info).start(frame)
 
     # -- shared memory
     def shared_array(self, frame, shape, dtype):
