@@ -46,7 +46,7 @@ KBLOCK = 4  # filters per task in conv2d_blocked (the unrolled register block)
 # Kernels: xp is the zero-padded input (N, C, Hp, Wp), y the output (N, K, P, Q)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # serial; releases the GIL so Python threads can share it
 def _loops_kernel(xp, w, y, sh, sw, dh, dw):
     N, C = xp.shape[0], xp.shape[1]
     K, R, S = w.shape[0], w.shape[2], w.shape[3]
@@ -298,3 +298,51 @@ def repeat_whole(fn, x, w, workers: int = 4, **kwargs):
         futures = [pool.submit(fn, x, w, **kwargs) for _ in range(workers)]
         outputs = [f.result() for f in futures]
     return np.concatenate(outputs, axis=0)
+
+
+# ----------------------------------------------------------------------------------------
+# Timing several CPU versions fairly on a shared machine
+
+
+def time_interleaved(fns: dict, *args, rounds: int = 5, warmup: int = 1, settle: int = 1,
+                     **kwargs) -> dict:
+    """Time each ``fn(*args, **kwargs)`` in turn, round after round; name -> Timing.
+
+    Interleaving spreads any background load over every version alike, so ratios
+    between them stay fair even when absolute times wobble. Before each timed call the
+    same function runs `settle` times untimed: thread pools of different libraries
+    (OpenBLAS, OpenMP, numba) keep spinning for a moment after their own calls, and the
+    next library should not pay for that.
+    """
+    import time
+
+    from .bench import Timing
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn(*args, **kwargs)
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(settle):  # untimed: lets the previous library's threads go idle
+                fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            samples[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: Timing(s, f"perf_counter, median of {rounds} interleaved rounds")
+            for name, s in samples.items()}
+
+
+def time_scaled(fn, x, w, images: int = 1, filters: int = 1, repeat: int = 1, **kwargs):
+    """Time fn on a slice (`images` images × `filters` filters) and scale to the whole layer.
+
+    For versions too slow to run in full (the Python loops): the work is proportional to
+    N·K, so full ≈ slice × (N·K)/(images·filters). Returns (estimated full ms, slice Timing,
+    factor).
+    """
+    from .bench import time_cpu
+
+    images, filters = min(images, x.shape[0]), min(filters, w.shape[0])
+    t = time_cpu(fn, x[:images], w[:filters], warmup=0, repeat=repeat, **kwargs)
+    factor = (x.shape[0] * w.shape[0]) / (images * filters)
+    return t.median_ms * factor, t, factor
