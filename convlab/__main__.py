@@ -60,10 +60,13 @@ def _grade_options(p):
 
 
 def _grade(args) -> int:
+    from pathlib import Path
+
     from .grading.grade import GradingError, grade
     from .grading.gradescope import error_results, results_json, write_results
 
-    deny = [args.out] if args.out else []
+    # the kernel may not write where results go (its folder: the gradebook, other results)
+    deny = [str(Path(args.out).resolve().parent)] if args.out else []
     try:
         res = grade(args.notebook, args.instructor, args.private_tests,
                     cell_timeout=args.cell_timeout, total_timeout=args.total_timeout,

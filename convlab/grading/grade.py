@@ -71,6 +71,7 @@ class GradeResult:
     log: list = field(default_factory=list)  # what the grader did that is worth knowing
     restarts: int = 0
     error: str | None = None  # set when the submission could not be graded at all
+    cell_errors: list = field(default_factory=list)  # (kind, cell index, task, "Name: value")
 
     @property
     def score(self) -> float:
@@ -316,6 +317,16 @@ def _plan(grading_nb) -> list[Step]:
     return steps
 
 
+def _deniable(path: Path, folder: bool = False) -> Path:
+    """The folder of `path` when the kernel does not need anything in it, else the file."""
+    path = path.resolve()
+    d = path if folder else path.parent
+    needed = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path.cwd()]
+    if any(n == d or d in n.parents for n in needed):
+        return path
+    return d
+
+
 def kernel_env(mode: str = "sim") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JPY_", "JUPYTER_"))}
     env.update(CONVLAB_MODE=mode, CONVLAB_GRADING="1", MPLBACKEND="Agg",
@@ -365,11 +376,11 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
     result = GradeResult(str(submission), str(instr_path), list(tasks.values()), log=log)
     priv = Path(tempfile.mkdtemp(prefix="convlab-grader-"))
     work = Path(tempfile.mkdtemp(prefix="convlab-work-"))
-    deny_read = [str(instr_path.parent.resolve())]
+    deny_read = [str(_deniable(instr_path))]
     if (repo_root() / "solutions").is_dir():
         deny_read.append(str((repo_root() / "solutions").resolve()))
     if private_tests:
-        deny_read.append(str(Path(private_tests).resolve()))
+        deny_read.append(str(_deniable(Path(private_tests), folder=True)))
     deny_read.append(str(priv))
     pkg = Path(__file__).resolve().parents[1]
     session = KernelSession(work, priv, kernel_env(mode), deny_read=deny_read,
@@ -431,6 +442,9 @@ def _execute(session: KernelSession, steps, tasks, answers, cell_timeout, deadli
         run = _run_step(session, s, timeout)
         if t is not None:
             t.seconds += run.seconds
+        if s.kind != "test" and run.status != "ok":
+            result.cell_errors.append((s.kind, s.index, s.task, run.status if run.status != "error"
+                                       else f"{run.ename}: {run.evalue}"))
         if s.kind == "answer":
             if run.status == "error":
                 answer_errors[s.task] = f"{run.ename}: {run.evalue}"
@@ -517,8 +531,8 @@ def _score_test(t: TaskResult, s: Step, run: CellRun, timeout: float, answer_err
                          f"{t.id}' cell)")
         else:
             t.message = f"{run.ename}: {run.evalue}"
-            if "tampering" in run.evalue:
-                t.kind = "tampering"
+        if run.evalue.startswith("tampering detected"):
+            t.kind = "tampering"
     if answer_error:
         t.message += f"\n(your answer cell raised {answer_error})"
     if run.stdout.strip():

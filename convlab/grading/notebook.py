@@ -196,8 +196,12 @@ def layout(nb, name: str = "notebook") -> Layout:
     return Layout(tasks, problems)
 
 
-def validate_solution(nb, name: str) -> list[str]:
-    """Format problems of a solution notebook (an empty list when it is fine)."""
+def validate_solution(nb, name: str, require_solution: bool = True) -> list[str]:
+    """Format problems of a solution notebook (an empty list when it is fine).
+
+    require_solution=False accepts answer cells without a solution region (a grading
+    notebook, whose solutions are already stubbed).
+    """
     problems = list(layout(nb, name).problems)
     for i, cell in enumerate(nb.cells):
         text, where = source(cell), f"{name}, cell {i}"
@@ -207,8 +211,8 @@ def validate_solution(nb, name: str) -> list[str]:
         except NotebookFormatError as e:
             problems.append(str(e))
             continue
-        if cell.get("cell_type") == "code" and exercise_id(text) and not has_marker(
-                text, BEGIN_SOLUTION):
+        if require_solution and cell.get("cell_type") == "code" and exercise_id(
+                text) and not has_marker(text, BEGIN_SOLUTION):
             problems.append(f"{where}: answer cell {exercise_id(text)} has no "
                             f"'{BEGIN_SOLUTION}' region")
         if cell.get("cell_type") == "code" and not exercise_id(text) and has_marker(
@@ -265,9 +269,10 @@ def grading_notebook(nb, name: str = "notebook", private_tests=None):
     """The instructor's notebook for grading: solutions stubbed, hidden tests kept.
 
     private_tests: cells (from `load_private_tests`) merged after each task's last test.
-    It never contains a solution, so it can ship in an autograder bundle.
+    It never contains a solution, so it can ship in an autograder bundle; a notebook
+    that is already one (no solution regions) is accepted as it is.
     """
-    problems = validate_solution(nb, name)
+    problems = validate_solution(nb, name, require_solution=False)
     if problems:
         raise NotebookFormatError("\n".join(problems))
     cells = []
@@ -436,11 +441,16 @@ _PRINT_PASS = re.compile(r"print\s*\([^)]*(✓|✔|\bpass(ed)?\b|\bOK\b|FULL MAR
 
 
 def _code_without_comments(text: str) -> str:
+    code = python_source(text)
+    lines = code.split("\n")
     try:
-        toks = tokenize.generate_tokens(io.StringIO(python_source(text)).readline)
-        return tokenize.untokenize((t.type, t.string) for t in toks if t.type != tokenize.COMMENT)
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.COMMENT:
+                row, col = tok.start
+                lines[row - 1] = lines[row - 1][:col]
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    return "\n".join(lines)
 
 
 def scan_flags(text: str) -> list[str]:

@@ -53,8 +53,8 @@ _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_bac
 _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.spawn",
                            "os.posix_spawn", "os.fork", "os.forkpty", "os.startfile",
                            "pty.spawn", "os.killpg"})
-_INTROSPECTION = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents",
-                            "sys.settrace", "sys.setprofile"})
+_INTROSPECTION = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
+_TRACING = frozenset({"sys.settrace", "sys.setprofile"})  # fine for convlab.trace, not answers
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames"})
 _HELPER_FILES = ("inspect.py", "traceback.py", "linecache.py", "logging", "warnings.py",
                  "contextlib.py", "functools.py", "threading.py")
@@ -450,6 +450,9 @@ def install(config_path: str) -> None:
                                              "grading")
             elif event in _INTROSPECTION:
                 raise NotAllowedInAnswer(f"{event} is not allowed while grading")
+            elif event in _TRACING:
+                if learner_initiated():
+                    raise NotAllowedInAnswer(f"{event} is not allowed in an answer while grading")
             elif event in ("object.__setattr__", "object.__delattr__"):
                 if id(args[0]) in protected_ids:
                     raise NotAllowedInAnswer(
