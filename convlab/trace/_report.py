@@ -302,6 +302,30 @@ class Trace:
             raise TraceError(f"no global {kind} requests in this trace")
         return float(q["used"][m].sum() / moved)
 
+    def cache_footprint(self, kind="load", array=None) -> dict:
+        """Sectors of global memory under three cache assumptions (caches are not
+        modelled elsewhere; this brackets what they could do):
+
+        requested: sum over warp requests (no cache: every request goes to memory);
+        per_block: distinct sectors each block touches, summed over blocks (an L1 that
+        keeps all a block touches); per_launch: distinct sectors of the whole launch
+        (an L2 that keeps everything: the compulsory traffic).
+        """
+        m = self._select(False, kind, array)
+        q, r = self._requests(), self._r
+        rec = m[self._req_of_record] if len(r["site"]) else np.zeros(0, bool)
+        if not rec.any():
+            raise TraceError(f"no global {kind} requests in this trace")
+        sec = r["off"][rec] // SECTOR
+        arr, blk, lau = r["arr"][rec], r["block"][rec], r["launch"][rec]
+        ms = int(sec.max()) + 1
+        na = len(self.arrays)
+        per_launch = len(np.unique((lau * na + arr) * ms + sec))
+        nb = int(blk.max()) + 1
+        per_block = len(np.unique(((lau * nb + blk) * na + arr) * ms + sec))
+        return dict(requested=int(q["sectors"][m].sum()), per_block=per_block,
+                    per_launch=per_launch, requests=int(m.sum()))
+
     def _outputs(self, out) -> int:
         a = self.array(out)
         r = self._r
