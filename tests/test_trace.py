@@ -409,6 +409,15 @@ def test_naive_vs_coalesced_conv_sectors_match_the_hand_count():
     ratio = naive.sectors_per_request("load", array="x") / coal.sectors_per_request(
         "load", array="x")
     assert ratio == pytest.approx(94 / 13)
+    # cache footprints of x: the whole launch touches all 32 rows x 256 bytes = 256 sectors
+    # either way. Per block, coalesced (32 columns x 8 rows, grid 2 x 4): columns 32bx-1..
+    # 32bx+32 clipped -> 5 sectors a row; rows 8by-1..8by+8 clipped -> 9, 10, 10, 9:
+    # 2 * 5 * 38 = 380. Naive (32 rows x 8 columns, grid 1 x 8): 32 rows, columns 8by-1..
+    # 8by+8 clipped -> 2 sectors at the two edges, 3 in between: 32 * (2 + 6*3 + 2) = 704.
+    fc, fn = coal.cache_footprint(array="x"), naive.cache_footprint(array="x")
+    assert fc["per_launch"] == fn["per_launch"] == 256
+    assert fc["per_block"] == 380 and fn["per_block"] == 704
+    assert fn["requested"] == pytest.approx(fn["requests"] * 94 / 3)
     # loads per output: taps inside the image, summed: rows (3*32 - 2) x cols (3*64 - 2)
     for t in (naive, coal):
         assert t.loads_per_output("out", array="x") == pytest.approx(94 * 190 / (32 * 64))
