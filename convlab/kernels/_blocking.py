@@ -18,11 +18,14 @@ Numba facts these kernels are built around (each one checked in the PTX, see
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import numpy as np
 from numba import cuda, float32
 
 from ..runtime import is_simulator
-from ._launch import Unsupported, ceil_div
+from ._launch import Unsupported, ceil_div, conv_launch_params
 
 SIM = is_simulator()
 SMEM_ALIGN = None if SIM else 16  # bytes; None: the simulator refuses the argument
@@ -113,10 +116,10 @@ def rsck_weights(w, channel_multiple: int = 1):
     return wt
 
 
-# Argument types of the implicit-GEMM kernels, for compiling to PTX:
-# (x, wt, y flat, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw); wt is the flat
-# (R*S*Cp, K) filter matrix of `rsck_weights`.
-IGEMM_SIGNATURE = "(float32[::1], float32[::1], float32[::1], " + ", ".join(["int64"] * 15) + ")"
+# The implicit-GEMM kernels take (x, wt, y, prm), all flat (1-D), with
+# prm = int64[N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, Cp]: four arguments,
+# because every launch argument costs Python time (ctypes) on each call.
+IGEMM_SIGNATURE = "(float32[::1], float32[::1], float32[::1], int64[::1])"
 
 
 def conv_grid(p, BM: int, BN: int) -> tuple[int, int]:
@@ -127,15 +130,81 @@ def conv_grid(p, BM: int, BN: int) -> tuple[int, int]:
     return ceil_div(p.N * p.P * p.Q, BN), gy
 
 
-def conv_scalar_args(p) -> tuple:
-    """The 15 integer arguments of the implicit-GEMM kernels, in IGEMM_SIGNATURE order."""
+@dataclass
+class ConvPlan:
+    """What a launch of one layer shape needs, computed once and reused.
+
+    A launcher called in a loop must not spend more time in Python than the GPU spends on
+    the kernel, or the timing measures Python: each call re-validating the arguments,
+    allocating the filter matrix (``cudaMalloc``; Numba's deferred ``cudaFree`` then
+    synchronizes the device now and then) and converting 18 scalar arguments cost more
+    than a 0.2 ms kernel. The plan keeps the checked ConvParams, the grid, the scalar
+    parameters as a small device array, and a scratch buffer for the rearranged filters
+    (rewritten by every call: calls on one stream are ordered, so reuse is safe).
+    """
+
+    p: object
+    grid: tuple
+    prm: object
+    wt: object
+    Cp: int
+
+
+_PLANS: dict = {}
+
+
+def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK) -> ConvPlan:
+    """The cached ConvPlan of a launch (validated in full the first time a shape is seen)."""
+    try:
+        key = (name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, BM, BN,
+               BK)
+        plan = _PLANS.get(key)
+    except TypeError:  # unhashable arguments (lists): no cache
+        key, plan = None, None
+    if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
+        return plan
+    p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
+    Cp = ceil_div(p.C, BK) * BK
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
-    return (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh, dw)
+    prm = cuda.to_device(np.array([p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph,
+                                   pw, dh, dw, Cp], dtype=np.int64))
+    wt = cuda.device_array(p.R * p.S * Cp * p.K, dtype=np.float32)
+    plan = ConvPlan(p, conv_grid(p, BM, BN), prm, wt, Cp)
+    if key is not None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def rsck_weights_into(plan: ConvPlan, w):
+    """Rearrange w into plan.wt (the (R*S*Cp, K) matrix of `rsck_weights_kernel`)."""
+    n = plan.wt.shape[0]
+    rsck_weights_kernel[ceil_div(n, 256), 256](w, plan.wt, plan.Cp)
+    return plan.wt
+
+
+_FLAT: dict = {}
 
 
 def flat(a):
-    """A 1-D view of a C-contiguous device array (no copy)."""
-    return a.reshape(int(np.prod(a.shape)))
+    """A 1-D view of a C-contiguous device array (no copy), cached per array object.
+
+    Making the view costs tens of microseconds of Python per call, as much as a small
+    kernel; a launcher called in a loop with the same arrays gets it from the cache. An
+    entry dies with its array (weak reference), so no memory is kept alive.
+    """
+    key = id(a)
+    hit = _FLAT.get(key)
+    if hit is not None and hit[0]() is a:
+        return hit[1]
+    view = a.reshape(int(np.prod(a.shape)))
+    try:
+        ref = weakref.ref(a, lambda _, k=key: _FLAT.pop(k, None))
+    except TypeError:
+        return view
+    _FLAT[key] = (ref, view)
+    return view
 
 
 # ----------------------------------------------------------------------------------------

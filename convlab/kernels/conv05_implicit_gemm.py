@@ -9,7 +9,8 @@ builds only the slab of B it needs, in shared memory, straight from x.
   a single filter tap (r, s) and 8 consecutive channels, so a thread finds its input
   pixel once per tap (bounds test included) and then steps by H*W per channel; no
   division in the main loop. The filters are rearranged once per call to match,
-  ``wt[(r*S + s)*C + c, k]`` (`_blocking.rsck_weights`, a tiny kernel).
+  ``wt[(r*S + s)*Cp + c, k]`` (`_blocking.rsck_weights_kernel`, a tiny kernel; Cp is
+  C rounded up to BK, the extra channels hold zeros).
 - Block tile: 64 filters x 128 output pixels, 128 threads, 8x8 outputs per thread
   (the register blocking of lesson 07). A thread loads one output pixel's column of
   the B slab; the 128 threads of a block read 128 neighbouring pixels: coalesced.
@@ -22,8 +23,8 @@ The next steps (`conv06_implicit_gemm_v4`, `conv07_implicit_gemm_pipelined`) fix
 
 from numba import cuda, float32
 
-from ._blocking import IGEMM_SIGNATURE, conv_grid, conv_scalar_args, flat, rsck_weights
-from ._launch import conv_launch_params, launcher
+from ._blocking import IGEMM_SIGNATURE, conv_plan, flat, rsck_weights_into
+from ._launch import launcher
 
 BM, BN, BK = 64, 128, 8  # filters, output pixels, reduction step per slab
 TM, TN = 8, 8
@@ -31,7 +32,10 @@ THREADS = (BM // TM) * (BN // TN)  # 128 = BN: one B column per thread
 
 
 @cuda.jit
-def conv2d_implicit_gemm_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw):
+def conv2d_implicit_gemm_kernel(x, wt, y, prm):
+    N, C, H, W, K = prm[0], prm[1], prm[2], prm[3], prm[4]
+    R, S, P, Q = prm[5], prm[6], prm[7], prm[8]
+    sh, sw, ph, pw, dh, dw, Cp = prm[9], prm[10], prm[11], prm[12], prm[13], prm[14], prm[15]
     As = cuda.shared.array((BK, BM), float32)  # filters  [channel step, filter]
     Bs = cuda.shared.array((BK, BN), float32)  # im2col   [channel step, output pixel]
     tid = cuda.threadIdx.x
@@ -65,7 +69,7 @@ def conv2d_implicit_gemm_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph,
                     kk, m = idx // BM, idx % BM
                     v = float32(0.0)
                     if c0 + kk < C and k0 + m < K:
-                        v = wt[((r * S + s) * C + c0 + kk) * K + k0 + m]
+                        v = wt[((r * S + s) * Cp + c0 + kk) * K + k0 + m]
                     As[kk, m] = v
                 for kk in range(BK):  # B slab: this pixel, 8 channels
                     v = float32(0.0)
@@ -97,10 +101,10 @@ def conv2d_implicit_gemm_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph,
 @launcher
 def conv2d_implicit_gemm(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """Implicit GEMM: 64 filters x 128 pixels per block, 8x8 outputs per thread."""
-    p = conv_launch_params("conv2d_implicit_gemm", x, w, out, stride, padding, dilation, groups)
-    wt = rsck_weights(w)
-    conv2d_implicit_gemm_kernel[conv_grid(p, BM, BN), THREADS](flat(x), wt, flat(out),
-                                                               *conv_scalar_args(p))
+    plan = conv_plan("conv2d_implicit_gemm", x, w, out, stride, padding, dilation, groups, BM, BN,
+                     BK)
+    wt = rsck_weights_into(plan, w)
+    conv2d_implicit_gemm_kernel[plan.grid, THREADS](flat(x), wt, flat(out), plan.prm)
     return out
 
 

@@ -17,8 +17,8 @@ filter values and 8 pixel values per k changes:
 
 from numba import cuda, float32
 
-from ._blocking import IGEMM_SIGNATURE, SMEM_ALIGN, conv_grid, conv_scalar_args, flat, rsck_weights
-from ._launch import conv_launch_params, launcher
+from ._blocking import IGEMM_SIGNATURE, SMEM_ALIGN, conv_plan, flat, rsck_weights_into
+from ._launch import launcher
 
 BM, BN, BK = 64, 128, 8  # filters, output pixels, reduction step per slab
 TM, TN = 8, 8
@@ -28,7 +28,10 @@ assert BN // TN == 16  # tx = tid & 15, ty = tid >> 4
 
 
 @cuda.jit
-def conv2d_implicit_gemm_v4_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw):
+def conv2d_implicit_gemm_v4_kernel(x, wt, y, prm):
+    N, C, H, W, K = prm[0], prm[1], prm[2], prm[3], prm[4]
+    R, S, P, Q = prm[5], prm[6], prm[7], prm[8]
+    sh, sw, ph, pw, dh, dw, Cp = prm[9], prm[10], prm[11], prm[12], prm[13], prm[14], prm[15]
     As = cuda.shared.array((BK, BM), float32, alignment=SMEM_ALIGN)
     Bs = cuda.shared.array((BK, BN), float32, alignment=SMEM_ALIGN)
     tid = cuda.threadIdx.x & (THREADS - 1)  # masks: provably >= 0
@@ -63,7 +66,7 @@ def conv2d_implicit_gemm_v4_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, 
                     kk, m = idx // BM, idx % BM
                     v = float32(0.0)
                     if c0 + kk < C and k0 + m < K:
-                        v = wt[((r * S + s) * C + c0 + kk) * K + k0 + m]
+                        v = wt[((r * S + s) * Cp + c0 + kk) * K + k0 + m]
                     As[kk, m] = v
                 for kk in range(BK):  # B slab: this pixel, 8 channels
                     v = float32(0.0)
@@ -97,11 +100,10 @@ def conv2d_implicit_gemm_v4_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, 
 @launcher
 def conv2d_implicit_gemm_v4(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """Implicit GEMM with 128-bit shared-memory reads (64x128 tiles, 8x8 per thread)."""
-    p = conv_launch_params("conv2d_implicit_gemm_v4", x, w, out, stride, padding, dilation,
-                           groups)
-    wt = rsck_weights(w)
-    conv2d_implicit_gemm_v4_kernel[conv_grid(p, BM, BN), THREADS](flat(x), wt, flat(out),
-                                                               *conv_scalar_args(p))
+    plan = conv_plan("conv2d_implicit_gemm_v4", x, w, out, stride, padding, dilation, groups,
+                     BM, BN, BK)
+    wt = rsck_weights_into(plan, w)
+    conv2d_implicit_gemm_v4_kernel[plan.grid, THREADS](flat(x), wt, flat(out), plan.prm)
     return out
 
 

@@ -27,16 +27,15 @@ from numba import cuda, float32, int64, uint64
 from ._blocking import (
     IGEMM_SIGNATURE,
     SMEM_ALIGN,
-    conv_grid,
-    conv_scalar_args,
+    conv_plan,
     flat,
     jit_options,
-    rsck_weights,
+    rsck_weights_into,
     unroll,
     unrolled,
 )
 from ._blocking import log2 as _log2
-from ._launch import conv_launch_params, launcher
+from ._launch import launcher
 
 
 def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
@@ -56,7 +55,10 @@ def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
     A_STEP, B_STEP = NT // BM, NT // BN  # slab rows between a thread's loads
     HALF_M, HALF_N = BM // 2, BN // 2
 
-    def conv2d_pipelined_kernel(x, wt, y, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw):
+    def conv2d_pipelined_kernel(x, wt, y, prm):
+        N, C, H, W, K = prm[0], prm[1], prm[2], prm[3], prm[4]
+        R, S, P, Q = prm[5], prm[6], prm[7], prm[8]
+        sh, sw, ph, pw, dh, dw = prm[9], prm[10], prm[11], prm[12], prm[13], prm[14]
         As = cuda.shared.array((2, BK, BM), float32, alignment=SMEM_ALIGN)
         Bs = cuda.shared.array((2, BK, BN), float32, alignment=SMEM_ALIGN)
         tid = cuda.threadIdx.x & (NT - 1)
@@ -94,7 +96,7 @@ def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
             for jj in range(TN):
                 acc[i, jj] = float32(0.0)
 
-        n_slabs = R * S * ((C + BK - 1) // BK)
+        n_slabs = R * S * ((C + BK - 1) // BK)  # wt rows: R*S taps x Cp channels
         r, s, c0 = 0, 0, 0  # the tap and first channel of the next slab to load
         x_off = 0
         inside = False
@@ -170,10 +172,10 @@ def make_launcher(kernel, name="conv2d_implicit_gemm_pipelined"):
 
     @launcher
     def conv2d_implicit_gemm_pipelined(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-        p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
-        wt = rsck_weights(w, t["BK"])
-        kernel[conv_grid(p, t["BM"], t["BN"]), t["threads"]](flat(x), wt, flat(out),
-                                                             *conv_scalar_args(p))
+        plan = conv_plan(name, x, w, out, stride, padding, dilation, groups, t["BM"], t["BN"],
+                         t["BK"])
+        wt = rsck_weights_into(plan, w)
+        kernel[plan.grid, t["threads"]](flat(x), wt, flat(out), plan.prm)
         return out
 
     conv2d_implicit_gemm_pipelined.__name__ = name

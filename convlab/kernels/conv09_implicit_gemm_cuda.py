@@ -274,48 +274,73 @@ def prepare(configs=CANDIDATES):
 
 
 def _ptr(a) -> int:
+    """Device address of a Numba, CuPy or PyTorch array (no copy, no synchronization)."""
+    p = getattr(a, "device_ctypes_pointer", None)  # Numba
+    if p is not None:
+        return p.value or 0
+    data = getattr(a, "data", None)
+    if hasattr(data, "ptr"):  # CuPy
+        return data.ptr
     return int(a.__cuda_array_interface__["data"][0])
 
 
-def _scratch(nbytes: int):
+_PLANS: dict = {}
+
+
+def _plan(name, x, w, out, stride, padding, dilation, groups, cfg: Config):
+    """Everything a launch of one shape needs, computed once (see `_blocking.ConvPlan`)."""
+    try:
+        key = (name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, cfg)
+        plan = _PLANS.get(key)
+    except TypeError:
+        key, plan = None, None
+    if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
+        return plan
     import cupy as cp
 
-    return cp.empty(nbytes // 4, dtype=cp.float32)
-
-
-def conv_igemm_launch(x, w, out, p, cfg: Config):
-    """Launch the weight transform and the implicit GEMM for ConvParams p (raw pointers)."""
-    import cupy as cp
-
+    p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
     cfg.validate()
+    if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.R * p.S * p.C * p.K) >= 2**31:
+        raise Unsupported(f"{name} uses 32-bit indices: tensors must have fewer than 2**31 "
+                          "elements")
     mod = _module([cfg])
     Cp = ceil_div(p.C, cfg.BK) * cfg.BK
     Kp = ceil_div(p.K, cfg.BM) * cfg.BM
-    wt = _scratch(4 * p.R * p.S * Cp * Kp)
     n_wt = p.R * p.S * Cp * Kp
-    i32 = np.int32
-    mod.get_function("rsck_weights")(
-        (ceil_div(n_wt, 256),), (256,),
-        (np.uint64(_ptr(w)), wt, i32(p.K), i32(p.C), i32(p.R), i32(p.S), i32(Cp), i32(Kp)))
+    wt = cp.empty(n_wt, dtype=cp.float32)  # rewritten by every call (stream-ordered)
     n_tiles = p.R * p.S * (Cp // cfg.BK)
     per_split = ceil_div(n_tiles, cfg.SPLIT_K)
     split = ceil_div(n_tiles, per_split)
-    npq = p.N * p.P * p.Q
-    if max(npq, p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q) >= 2**31:
-        raise Unsupported("conv2d_implicit_gemm_cuda uses 32-bit indices within an image "
-                          "batch: tensors must have fewer than 2**31 elements")
-    if split > 1:
-        cp.cuda.runtime.memsetAsync(_ptr(out), 0, 4 * p.N * p.K * p.P * p.Q,
-                                    cp.cuda.get_current_stream().ptr)
-    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
-    grid = (ceil_div(npq, cfg.BN), ceil_div(p.K, cfg.BM), split)
+    grid = (ceil_div(p.N * p.P * p.Q, cfg.BN), ceil_div(p.K, cfg.BM), split)
     if grid[1] > 65535:
         raise Unsupported(f"K={p.K} needs {grid[1]} block rows; CUDA allows 65535")
-    mod.get_function(cfg.name_expression)(
-        grid, (cfg.threads,),
-        (np.uint64(_ptr(x)), wt, np.uint64(_ptr(out)),
-         *(i32(v) for v in (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh,
-                            dw, Cp, Kp, per_split))))
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    i32 = np.int32
+    plan = dict(
+        p=p, wt=wt, split=split, out_bytes=4 * p.N * p.K * p.P * p.Q,
+        wt_fn=mod.get_function("rsck_weights"), wt_grid=(ceil_div(n_wt, 256),),
+        wt_tail=(wt, *(i32(v) for v in (p.K, p.C, p.R, p.S, Cp, Kp))),
+        fn=mod.get_function(cfg.name_expression), grid=grid, block=(cfg.threads,),
+        tail=tuple(i32(v) for v in (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph,
+                                    pw, dh, dw, Cp, Kp, per_split)))
+    if key is not None:
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def conv_igemm_launch(x, w, out, plan):
+    """Launch the weight transform and the implicit GEMM (two RawKernel calls)."""
+    import cupy as cp
+
+    u64 = np.uint64
+    plan["wt_fn"](plan["wt_grid"], (256,), (u64(_ptr(w)), *plan["wt_tail"]))
+    if plan["split"] > 1:  # split-K adds partial sums into a zeroed output
+        cp.cuda.runtime.memsetAsync(_ptr(out), 0, plan["out_bytes"],
+                                    cp.cuda.get_current_stream().ptr)
+    plan["fn"](plan["grid"], plan["block"],
+               (u64(_ptr(x)), plan["wt"], u64(_ptr(out)), *plan["tail"]))
     return out
 
 
@@ -325,8 +350,8 @@ def make_launcher(cfg: Config = DEFAULT, name: str = "conv2d_implicit_gemm_cuda"
 
     @launcher
     def conv2d_implicit_gemm_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-        p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
-        return conv_igemm_launch(x, w, out, p, cfg)
+        plan = _plan(name, x, w, out, stride, padding, dilation, groups, cfg)
+        return conv_igemm_launch(x, w, out, plan)
 
     conv2d_implicit_gemm_cuda.__name__ = name
     conv2d_implicit_gemm_cuda.config = cfg
