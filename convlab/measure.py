@@ -186,10 +186,14 @@ def launch_overhead() -> dict:
     k = _kernels()["empty"]
     d = c.device_array(1024, dtype=np.float32)
     h = np.zeros(1024, np.float32)
+    import warnings
+
     from .bench import time_gpu
 
-    return dict(
-        empty_device_arg_cpu_us=launch_cost_us(lambda: k[1, 32](d)),
-        empty_numpy_arg_cpu_us=launch_cost_us(lambda: k[1, 32](h), calls=20),
-        empty_events_back_to_back_us=time_gpu(lambda: k[1, 32](d)).median_ms * 1e3,
-        empty_gpu_queued_us=time_gpu_queued(lambda: k[1, 32](d), calls=50).median_ms * 1e3)
+    with warnings.catch_warnings():  # Numba warns about the tiny grid and the NumPy argument
+        warnings.simplefilter("ignore")
+        return dict(
+            empty_device_arg_cpu_us=launch_cost_us(lambda: k[1, 32](d)),
+            empty_numpy_arg_cpu_us=launch_cost_us(lambda: k[1, 32](h), calls=20),
+            empty_events_back_to_back_us=time_gpu(lambda: k[1, 32](d)).median_ms * 1e3,
+            empty_gpu_queued_us=time_gpu_queued(lambda: k[1, 32](d), calls=50).median_ms * 1e3)

@@ -42,6 +42,8 @@ from convlab.kernels import (  # noqa: E402
 )
 
 T0 = time.time()
+GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
+SOBEL_X = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32)
 OUT = os.environ.get("OUT", "/tmp/lesson06_out")
 os.makedirs(OUT, exist_ok=True)
 RES: dict = {"sections": {}, "errors": {}}
@@ -53,6 +55,14 @@ if DRY:  # a fake clock: the simulator cannot time anything
         return bench.Timing([1.0, 1.0, 1.0], "dry run (fake)")
 
     bench.time_gpu = _fake_time_gpu
+    from convlab import measure as _m
+
+    _m.time_gpu_queued = _fake_time_gpu
+    _m.launch_cost_us = lambda fn, *a, calls=1, **k: (fn(*a, **k), 1.0)[1]
+    _m.require_gpu = lambda *a: None
+    _m.launch_overhead = lambda: {"dry": 1.0}
+    _m.transfer_table = lambda sizes: [{"bytes": 1, "h2d_pageable": {"gbps": 1.0}}]
+    _m.wall_vs_events = lambda fn, *a, **k: (fn(*a, **k), {"dry": 1.0})[1]
     bench.copy_bandwidth = lambda *a, **k: 1000.0
     bench.fma_peak = lambda *a, **k: 10.0
 
@@ -105,141 +115,66 @@ COPY_GBPS = (RES["sections"].get("environment") or {}).get("ceilings", {}).get("
 
 @section("l04_transfers")
 def _transfers():
-    rows = []
-    sizes = [2**k for k in ((12, 16, 20, 24, 28) if not DRY else (12, 16))]
-    for nbytes in sizes:
-        n = nbytes // 4
-        h = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-        hp = cuda.pinned_array(n, dtype=np.float32)
-        hp[:] = h
-        d = cuda.device_array(n, dtype=np.float32)
-        out = {}
-        for label, fn in (("h2d_pageable", lambda: d.copy_to_device(h)),
-                          ("h2d_pinned", lambda: d.copy_to_device(hp)),
-                          ("d2h_pageable", lambda: d.copy_to_host(h)),
-                          ("d2h_pinned", lambda: d.copy_to_host(hp))):
-            ms = med(fn, warmup=2, repeat=7, group_ms=0.0)
-            out[label] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
-        rows.append(dict(bytes=nbytes, **out))
-        print(nbytes, {k: round(v["gbps"], 1) for k, v in out.items()})
+    from convlab import measure
+
+    sizes = (2**12, 2**16, 2**20, 2**24, 2**28) if not DRY else (2**12,)
+    rows = measure.transfer_table(sizes)
+    for r in rows:
+        print(r["bytes"], {k: round(v["gbps"], 1) for k, v in r.items() if k != "bytes"})
     return rows
 
 
 @section("l04_timing_pitfalls")
 def _timing():
     """Wall clock without synchronize measures the launch, not the kernel."""
+    from convlab import measure
+
     prob = problems.conv_layer("resnet128")
     rng = np.random.default_rng(1)
     x = cuda.to_device(check.random_array(prob.x_shape, rng))
     w = cuda.to_device(check.random_array(prob.w_shape, rng))
     y = cuda.device_array(prob.out_shape, np.float32)
-    kern = conv01_naive.conv2d_naive
-    t = time.perf_counter()
-    kern(x, w, y, **prob.kwargs)
-    cuda.synchronize()
-    first = (time.perf_counter() - t) * 1e3  # includes compiling the kernel
-    nosync, withsync = [], []
-    for _ in range(5):
-        cuda.synchronize()
-        t = time.perf_counter()
-        kern(x, w, y, **prob.kwargs)
-        nosync.append((time.perf_counter() - t) * 1e3)
-        cuda.synchronize()
-        t = time.perf_counter()
-        kern(x, w, y, **prob.kwargs)
-        cuda.synchronize()
-        withsync.append((time.perf_counter() - t) * 1e3)
-    ev = bench.time_gpu(kern, x, w, y, **prob.kwargs)
-    r = dict(problem=str(prob), first_call_wall_ms=first,
-             wall_no_sync_ms=float(np.median(nosync)), wall_sync_ms=float(np.median(withsync)),
-             events_ms=ev.median_ms, events_spread=ev.spread)
+    r = dict(problem=str(prob), **measure.wall_vs_events(conv01_naive.conv2d_naive, x, w, y,
+                                                         **prob.kwargs))
     print(r)
     return r
 
 
-@cuda.jit
-def _empty(a):
-    pass
-
-
-@cuda.jit
-def _touch(a):
-    i = cuda.grid(1)
-    if i < a.size:
-        a[i] = a[i] + float32(1.0)
-
-
 @section("l04_launch_overhead")
 def _launch():
-    d = cuda.device_array(1024, dtype=np.float32)
-    h = np.zeros(1024, np.float32)
-    _empty[1, 32](d)
-    _touch[4, 256](d)
-    cuda.synchronize()
-    n = 2000 if not DRY else 5
-    out = {}
-    for label, fn in (("empty_device_arg", lambda: _empty[1, 32](d)),
-                      ("small_kernel_device_arg", lambda: _touch[4, 256](d)),
-                      ("small_kernel_numpy_arg", lambda: _touch[4, 256](h))):
-        m = n if "numpy" not in label else max(5, n // 10)
-        cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(m):
-            fn()
-        cuda.synchronize()
-        out[label + "_wall_us"] = (time.perf_counter() - t) / m * 1e6
-    # GPU-side time of one small kernel (events, amortized over groups of launches)
-    out["small_kernel_events_us"] = med(lambda: _touch[4, 256](d)) * 1e3
-    print(out)
-    return out
+    import warnings
 
+    from convlab import measure
 
-@section("l04_batch_crossover")
-def _crossover():
-    """Batch-N conv (64ch 56x56): GPU with its transfers vs the CPU (PyTorch, all cores)."""
-    if DRY or not baselines.torch_available():
-        return {"skipped": "needs PyTorch with CUDA"}
-    import torch
-
-    baselines.set_torch_precision("fp32")
-    F = torch.nn.functional
-    base = problems.conv_layer("resnet64")
-    rows = []
-    w = torch.randn(base.w_shape)
-    wd = w.cuda()
-    for N in (1, 2, 4, 8, 16, 32):
-        x = torch.randn((N, base.C, base.H, base.W)).pin_memory()
-
-        def gpu_all():
-            y = F.conv2d(x.cuda(non_blocking=True), wd, padding=1)
-            return y.cpu()
-
-        def gpu_conv(xd=x.cuda()):
-            return F.conv2d(xd, wd, padding=1)
-
-        for _ in range(3):
-            gpu_all()
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(7):
-            t = time.perf_counter()
-            gpu_all()
-            samples.append((time.perf_counter() - t) * 1e3)
-        cpu = bench.time_cpu(lambda: F.conv2d(x, w, padding=1), warmup=1, repeat=3)
-        g = med(gpu_conv)
-        rows.append(dict(N=N, gpu_with_transfers_ms=float(np.median(samples)), gpu_conv_ms=g,
-                         cpu_ms=cpu.median_ms, cpu_threads=torch.get_num_threads()))
-        print(rows[-1])
-    return rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = measure.launch_overhead()
+        # the course's own launchers, from Python (CPU time per call)
+        prob = problems.conv_layer("resnet128")
+        x = cuda.device_array(prob.x_shape, np.float32)
+        w = cuda.device_array(prob.w_shape, np.float32)
+        y = cuda.device_array(prob.out_shape, np.float32)
+        n = problems.image_size()
+        img, out = cuda.device_array((n, n), np.float32), cuda.device_array((n, n), np.float32)
+        taps = cuda.to_device(GAUSS)
+        for name, fn in (("conv2d_naive", lambda: conv01_naive.conv2d_naive(x, w, y, padding=1)),
+                         ("conv2d_tiled", lambda: conv03_tiled.conv2d_tiled(x, w, y, padding=1)),
+                         ("filter2d_tiled_host_taps", lambda: filter02_tiled.launch(
+                             img, taps, out, taps=GAUSS, **filter02_tiled.TILE)),
+                         ("filter2d_tiled_device_taps",
+                          lambda: filter02_tiled.filter2d_tiled(img, taps, out))):
+            r[f"{name}_cpu_us"] = measure.launch_cost_us(fn, calls=20)
+    print(r)
+    return r
 
 
 # ---------------------------------------------------------------------------------------
 # Lessons 05 and 06: the conv ladder on the 128-channel layer, tile variants, NHWC
 
-CONV_TILES = [dict(tx=32, ty=8, kpt=8, cb=8), dict(tx=16, ty=16, kpt=8, cb=8),
-              dict(tx=32, ty=4, kpt=8, cb=8), dict(tx=32, ty=8, kpt=4, cb=8),
-              dict(tx=32, ty=8, kpt=16, cb=8), dict(tx=32, ty=8, kpt=8, cb=16),
-              dict(tx=28, ty=7, kpt=8, cb=8), dict(tx=32, ty=8, kpt=1, cb=8)]
+CONV_TILES = [dict(tx=32, ty=8, kpt=8, cb=8), dict(tx=32, ty=4, kpt=8, cb=8),
+              dict(tx=16, ty=16, kpt=8, cb=8), dict(tx=28, ty=7, kpt=4, cb=8),
+              dict(tx=28, ty=7, kpt=16, cb=8), dict(tx=28, ty=7, kpt=8, cb=16),
+              dict(tx=28, ty=7, kpt=8, cb=4), dict(tx=28, ty=7, kpt=1, cb=8)]
 
 
 def tile_name(t):
@@ -299,7 +234,10 @@ def nhwc_impl(name, kind, prob):
 def conv_ladder(layer, tiles, nhwc=False, libs=True):
     prob = problems.conv_layer(layer)
     impls = [bench.launcher_impl("naive", conv01_naive.conv2d_naive, prob),
-             bench.launcher_impl("coalesced", conv02_coalesced.conv2d_coalesced, prob)]
+             bench.launcher_impl("coalesced", conv02_coalesced.conv2d_coalesced, prob),
+             bench.launcher_impl("tiled (default: " + "x".join(
+                 map(str, conv03_tiled.fit_tile(*prob.out_shape[2:]))) + " k8 c8)",
+                 conv03_tiled.conv2d_tiled, prob)]
     impls += [bench.launcher_impl(tile_name(t), tiled_launcher(t), prob) for t in tiles]
     if nhwc:
         impls += [nhwc_impl("NHWC, threads on q", "pixels", prob),
@@ -323,22 +261,30 @@ def _ladder128():
 # Lessons 05/06: the single-channel filter on a 4096 x 4096 image
 
 
-GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
-SOBEL_X = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32)
-FILTER_TILES = [dict(tx=32, ty=8, v=8, pad=0), dict(tx=32, ty=8, v=4, pad=0),
-                dict(tx=32, ty=8, v=16, pad=0), dict(tx=32, ty=4, v=16, pad=0),
-                dict(tx=32, ty=16, v=4, pad=0), dict(tx=64, ty=4, v=8, pad=0),
-                dict(tx=32, ty=4, v=8, pad=0), dict(tx=32, ty=16, v=8, pad=0),
-                dict(tx=16, ty=16, v=4, pad=0), dict(tx=16, ty=16, v=4, pad=2),
-                dict(tx=32, ty=8, v=1, pad=0)]
+FILTER_TILES = [dict(tx=32, ty=8, v=8), dict(tx=32, ty=8, v=4), dict(tx=32, ty=4, v=16),
+                dict(tx=32, ty=16, v=4), dict(tx=16, ty=16, v=4, pad=0),
+                dict(tx=16, ty=16, v=4, pad=2), dict(tx=32, ty=8, v=1),
+                dict(tx=32, ty=8, v=4, chunks=4, min_blocks=8),
+                dict(tx=32, ty=8, v=4, chunks=8, min_blocks=8),
+                dict(tx=32, ty=8, v=4, chunks=16, min_blocks=8),
+                dict(tx=32, ty=16, v=4, chunks=4, min_blocks=4),
+                dict(tx=32, ty=16, v=4, chunks=8, min_blocks=4),
+                dict(tx=32, ty=4, v=8, chunks=8, min_blocks=16),
+                dict(tx=32, ty=8, v=8, chunks=4)]
 
 
 def ftile_name(t):
-    return f"tiled {t['tx']}x{t['ty']} v{t['v']}" + (f" pad{t['pad']}" if t["pad"] else "")
+    name = f"tiled {t['tx']}x{t['ty']} v{t['v']}" + (f" pad{t['pad']}" if t.get("pad") else "")
+    if t.get("chunks", 1) > 1:
+        name = "pipelined" + name[5:] + f" ch{t['chunks']}" + (
+            f" mb{t['min_blocks']}" if t.get("min_blocks") else "")
+    return name
 
 
 @section("l06_filter_4096")
 def _filters():
+    from convlab import measure
+
     n = problems.image_size()
     rng = np.random.default_rng(3)
     img = check.random_array((n, n), rng)
@@ -353,7 +299,7 @@ def _filters():
         variants = [("naive", lambda: filter01_naive.filter2d_naive(d_img, d_taps, d_out)),
                     ("naive rows (uncoalesced)",
                      lambda: filter01_naive.filter2d_naive_rows(d_img, d_taps, d_out))]
-        tiles = FILTER_TILES if fname == "gauss3" else FILTER_TILES[:1]
+        tiles = FILTER_TILES if fname == "gauss3" else [FILTER_TILES[0], FILTER_TILES[8]]
         for t in tiles:
             variants.append((ftile_name(t), lambda t=t: filter02_tiled.launch(
                 d_img, d_taps, d_out, taps=taps, **t)))
@@ -379,15 +325,16 @@ def _filters():
                 comp = check.compare(got, expected, absref, 9)
                 if not comp.ok:
                     raise check.CheckError(comp.summary())
-                ms = med(fn)
+                ms = med(fn)  # from Python, launch after launch
+                gpu = ms if name.startswith("cuDNN") else measure.time_gpu_queued(fn).median_ms
             except Exception as e:  # noqa: BLE001
                 print(f"  {fname} {name}: NOT TIMED: {type(e).__name__}: {str(e)[:300]}")
                 continue
-            gbps = nbytes / (ms * 1e-3) / 1e9
-            rows.append(dict(filter=fname, name=name, ms=ms, gbps=gbps,
+            gbps = nbytes / (gpu * 1e-3) / 1e9
+            rows.append(dict(filter=fname, name=name, ms=gpu, per_call_ms=ms, gbps=gbps,
                              pct_copy=100 * gbps / COPY_GBPS, max_rel_err=comp.max_rel))
-            print(f"  {fname:8s} {name:28s} {ms * 1e3:9.1f} us {gbps:7.0f} GB/s "
-                  f"{100 * gbps / COPY_GBPS:5.1f}% of copy")
+            print(f"  {fname:8s} {name:34s} {gpu * 1e3:7.1f} us GPU ({ms * 1e3:6.1f} per call) "
+                  f"{gbps:6.0f} GB/s {100 * gbps / COPY_GBPS:5.1f}% of copy")
     return dict(n=n, bytes=nbytes, copy_gbps=COPY_GBPS, rows=rows)
 
 
@@ -408,9 +355,13 @@ def _transpose():
         layout.nchw_to_nhwc(dx, dy, pad=pad)
         if not np.array_equal(dy.copy_to_host(), x.transpose(0, 2, 3, 1)):
             raise AssertionError(f"transpose pad={pad} is wrong")
-        ms = med(layout.nchw_to_nhwc, dx, dy, pad=pad)
+        from convlab import measure
+
+        per_call = med(layout.nchw_to_nhwc, dx, dy, pad=pad)
+        ms = measure.time_gpu_queued(layout.nchw_to_nhwc, dx, dy, pad=pad).median_ms
         gbps = 2 * x.nbytes / (ms * 1e-3) / 1e9
-        rows.append(dict(pad=pad, ms=ms, gbps=gbps, pct_copy=100 * gbps / COPY_GBPS))
+        rows.append(dict(pad=pad, ms=ms, per_call_ms=per_call, gbps=gbps,
+                         pct_copy=100 * gbps / COPY_GBPS))
         print(rows[-1])
     return dict(shape=list(x.shape), rows=rows)
 
@@ -464,9 +415,9 @@ def _gemm():
 
 @section("l06_conv_other_layers")
 def _others():
-    if time.time() - T0 > 80 and not DRY:
+    if time.time() - T0 > 70 and not DRY:
         return {"skipped": f"time ({time.time() - T0:.0f} s elapsed)"}
-    return [conv_ladder(layer, [conv03_tiled.TILE]) for layer in ("resnet64", "resnet256")]
+    return [conv_ladder(layer, []) for layer in ("resnet64", "resnet256")]
 
 
 # ---------------------------------------------------------------------------------------
@@ -490,5 +441,14 @@ fl = RES["sections"].get("l06_filter_4096")
 if fl:
     print(f"filter {fl['n']}x{fl['n']} (copy {fl['copy_gbps']:.0f} GB/s)")
     for r in fl["rows"]:
-        print(f"  {r['filter']:8s} {r['name']:28s} {r['ms'] * 1e3:8.1f} us {r['gbps']:6.0f} GB/s "
+        print(f"  {r['filter']:7s} {r['name']:34s} {r['ms'] * 1e3:6.1f} us GPU "
+              f"({r['per_call_ms'] * 1e3:6.1f} per call) {r['gbps']:5.0f} GB/s "
               f"{r['pct_copy']:5.1f}%")
+tr = RES["sections"].get("l06_transpose_bank_conflicts")
+if tr:
+    for r in tr["rows"]:
+        print(f"  transpose pad {r['pad']}: {r['ms'] * 1e3:6.1f} us GPU "
+              f"({r['per_call_ms'] * 1e3:6.1f} per call) {r['gbps']:5.0f} GB/s")
+lo = RES["sections"].get("l04_launch_overhead")
+if lo:
+    print("  launch overhead:", {k: round(v, 1) for k, v in lo.items()})
