@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
+import convlab
 from convlab import check, kernels, trace
 from convlab import reference as ref
 from convlab.kernels._launch import launcher
@@ -217,6 +218,8 @@ def test_missing_syncthreads_is_a_race_and_syncthreads_fixes_it():
     assert rc.addresses > 50
 
 
+@pytest.mark.skipif(not convlab.is_simulator(),
+                    reason="the checkers trace for races under the simulator only")
 def test_check_filter2d_rejects_the_racy_kernel():
     with pytest.raises(check.CheckError, match="(?s)shared-memory race.*missing cuda.syncthreads"):
         check.check_filter2d(tiled_filter(0), quiet=True)

@@ -51,6 +51,16 @@ class TraceError(RuntimeError):
     """The tracer cannot model this kernel (or was used wrongly); it never guesses."""
 
 
+class UnsupportedAttribute(TraceError, AttributeError):
+    """An attribute a traced kernel used that the tracer does not provide."""
+
+
+def _no_attribute(name, what):
+    if name.startswith("__"):
+        return AttributeError(name)  # protocol probes (hasattr, NumPy) stay quiet
+    return UnsupportedAttribute(what)
+
+
 class _Abort(BaseException):
     """Unwinds a simulated thread after another thread of its block failed."""
 
@@ -293,7 +303,7 @@ class TracedArray:
         raise TraceError("iterating over an array inside a kernel is not traced; index it")
 
     def __getattr__(self, name):
-        raise TraceError(f"array attribute .{name} is not supported by the tracer")
+        raise _no_attribute(name, f"array attribute .{name} is not supported by the tracer")
 
     def _view(self, sub):
         if isinstance(sub, np.ndarray):
@@ -531,7 +541,8 @@ class TraceModule(FakeCUDAModule):
         return 1 if any(_tls.ctx.sync(sys._getframe(1), val)) else 0
 
     def __getattr__(self, name):
-        raise TraceError(f"cuda.{name} is not supported by the tracer (nor by the simulator)")
+        raise _no_attribute(name, f"cuda.{name} is not supported by the tracer (nor by the "
+                                  "simulator)")
 
 
 class _DeviceFn:
