@@ -192,8 +192,8 @@ def test_lesson01_runs_and_its_explorer_redraws(page, lab):
 
 
 def test_exercise01_answer_cell_is_editable(page, lab):
-    if not (lab.root / EXERCISE).exists():
-        pytest.skip(f"{EXERCISE} has not been generated yet (python -m convlab exercises build)")
+    assert (lab.root / EXERCISE).exists(), (
+        f"{EXERCISE} is missing (python -m convlab exercises build)")
     cells = nbformat.read(lab.root / EXERCISE, 4).cells
     answers = [i for i, c in enumerate(cells)
                if c.cell_type == "code" and c.source.lstrip().startswith("# EXERCISE:")]
