@@ -14,24 +14,59 @@ from . import (  # noqa: E402
     conv01_naive,
     conv02_coalesced,
     conv03_tiled,
+    conv04_register_blocked,
+    conv05_implicit_gemm,
+    conv06_implicit_gemm_v4,
+    conv07_implicit_gemm_pipelined,
+    conv08_implicit_gemm_tuned,
+    conv09_implicit_gemm_cuda,
     filter01_naive,
     filter02_tiled,
     gemm01_tiled,
+    gemm02_register_blocked,
+    gemm03_vectorized,
+    gemm04_double_buffered,
 )
 from ._launch import Unsupported, ceil_div  # noqa: E402
 from .conv01_naive import conv2d_naive  # noqa: E402
 from .conv02_coalesced import conv2d_coalesced  # noqa: E402
 from .conv03_tiled import conv2d_tiled  # noqa: E402
+from .conv04_register_blocked import conv2d_register_blocked  # noqa: E402
+from .conv05_implicit_gemm import conv2d_implicit_gemm  # noqa: E402
+from .conv06_implicit_gemm_v4 import conv2d_implicit_gemm_v4  # noqa: E402
+from .conv07_implicit_gemm_pipelined import conv2d_implicit_gemm_pipelined  # noqa: E402
+from .conv08_implicit_gemm_tuned import conv2d_implicit_gemm_tuned  # noqa: E402
+from .conv09_implicit_gemm_cuda import conv2d_implicit_gemm_cuda  # noqa: E402
 from .filter01_naive import filter2d_naive  # noqa: E402
 from .filter02_tiled import filter2d_tiled  # noqa: E402
 from .gemm01_tiled import gemm_tiled  # noqa: E402
+from .gemm02_register_blocked import gemm_register_blocked  # noqa: E402
+from .gemm03_vectorized import gemm_vectorized  # noqa: E402
+from .gemm04_double_buffered import gemm_double_buffered  # noqa: E402
 
 # The conv ladder, in the order the lessons build it: name -> launcher.
 CONV_LADDER = {
     "naive": conv2d_naive,
     "coalesced": conv2d_coalesced,
     "tiled": conv2d_tiled,
+    "register_blocked": conv2d_register_blocked,
+    "implicit_gemm": conv2d_implicit_gemm,
+    "implicit_gemm_v4": conv2d_implicit_gemm_v4,
+    "implicit_gemm_pipelined": conv2d_implicit_gemm_pipelined,
+    "implicit_gemm_tuned": conv2d_implicit_gemm_tuned,
 }
+
+
+def _cupy_gpu() -> bool:
+    """CuPy importable and a real GPU: the CUDA C (RawKernel) steps can run."""
+    import importlib.util
+
+    return not _runtime.is_simulator() and importlib.util.find_spec("cupy") is not None
+
+
+# The CUDA C step (CuPy RawKernel) joins the ladder where it can run: not in the simulator.
+if _cupy_gpu():
+    CONV_LADDER["implicit_gemm_cuda"] = conv2d_implicit_gemm_cuda
 
 # Every kernel module, for PTX and register reports: name -> module with KERNEL, SIGNATURE.
 MODULES = {
@@ -41,6 +76,13 @@ MODULES = {
     "filter_naive": filter01_naive,
     "filter_tiled": filter02_tiled,
     "gemm_tiled": gemm01_tiled,
+    "register_blocked": conv04_register_blocked,
+    "implicit_gemm": conv05_implicit_gemm,
+    "implicit_gemm_v4": conv06_implicit_gemm_v4,
+    "implicit_gemm_pipelined": conv07_implicit_gemm_pipelined,
+    "gemm_register_blocked": gemm02_register_blocked,
+    "gemm_vectorized": gemm03_vectorized,
+    "gemm_double_buffered": gemm04_double_buffered,
 }
 
 # Single-channel image filters ('same' zero padding): filter2d_<name>(image, kernel, out).
@@ -52,6 +94,9 @@ FILTER_LADDER = {
 # Matrix products for the im2col path: gemm_<name>(a, b, out).
 GEMM_LADDER = {
     "tiled": gemm_tiled,
+    "register_blocked": gemm_register_blocked,
+    "vectorized": gemm_vectorized,
+    "double_buffered": gemm_double_buffered,
 }
 
 
@@ -74,4 +119,8 @@ def ptx_report(cc=(9, 0)) -> dict:
 
 __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupported", "ceil_div",
            "conv2d_coalesced", "conv2d_naive", "conv2d_tiled", "filter2d_naive",
-           "filter2d_tiled", "gemm_tiled", "ptx_report"]
+           "filter2d_tiled", "gemm_tiled", "ptx_report", "conv2d_register_blocked",
+           "conv2d_implicit_gemm", "conv2d_implicit_gemm_v4", "conv2d_implicit_gemm_pipelined",
+           "conv2d_implicit_gemm_tuned", "conv2d_implicit_gemm_cuda", "gemm_register_blocked",
+           "gemm_vectorized", "gemm_double_buffered", "conv08_implicit_gemm_tuned",
+           "conv09_implicit_gemm_cuda"]

@@ -22,6 +22,8 @@ tile with at least 64 filters and 64 pixels per block (so that each thread loads
 A column and one B column); `conv08_implicit_gemm_tuned` picks the shape per layer.
 """
 
+from dataclasses import dataclass
+
 from numba import cuda, float32, int64, uint64
 
 from ._blocking import (
@@ -183,6 +185,40 @@ def make_launcher(kernel, name="conv2d_implicit_gemm_pipelined"):
     return conv2d_implicit_gemm_pipelined
 
 
+@dataclass(frozen=True)
+class Config:
+    """A tile shape for `make_kernel` (BM filters x BN pixels x BK channels per slab)."""
+
+    BM: int = 64
+    BN: int = 128
+    BK: int = 8
+    TM: int = 8
+    TN: int = 8
+    min_blocks: int | None = None
+
+    def __str__(self):
+        s = f"{self.BM}x{self.BN}x{self.BK}"
+        if (self.TM, self.TN) != (8, 8):
+            s += f" t{self.TM}x{self.TN}"
+        return s + (f" b{self.min_blocks}" if self.min_blocks else "")
+
+
+# Candidate shapes for the autotuner (convlab.autotune) and the H200 sweep.
+CANDIDATES = [Config(64, 128, 8), Config(64, 128, 16), Config(128, 64, 8), Config(128, 64, 16),
+              Config(64, 64, 8), Config(64, 64, 16), Config(128, 128, 8), Config(128, 128, 16),
+              Config(128, 128, 8, min_blocks=2)]
+_LAUNCHERS: dict = {}
+
+
+def launcher_for(cfg: Config):
+    """The launcher of one tile shape (compiled on first use, then cached)."""
+    if cfg not in _LAUNCHERS:
+        kernel = make_kernel(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.min_blocks)
+        _LAUNCHERS[cfg] = make_launcher(kernel, f"conv2d_implicit_gemm_pipelined {cfg}")
+    return _LAUNCHERS[cfg]
+
+
 KERNEL = make_kernel()
 SIGNATURE = IGEMM_SIGNATURE
 conv2d_implicit_gemm_pipelined = make_launcher(KERNEL)
+_LAUNCHERS[Config()] = conv2d_implicit_gemm_pipelined

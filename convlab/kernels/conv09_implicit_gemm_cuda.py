@@ -18,7 +18,9 @@ The algorithm is the one of `conv07_implicit_gemm_pipelined`: reduction ordered
 need no bounds test; a block computes BM filters x BN output pixels, a thread 8x8 of
 them (2x2 sub-blocks of 4x4, a warp an 8x4 patch of threads). Optionally the reduction is
 split over ``gridDim.z`` blocks (split-K, atomic adds into a zeroed output) for layers
-with too few output tiles to fill the GPU.
+with too few output tiles to fill the GPU. ``conv2d_implicit_gemm_cuda`` picks the tile
+shape per layer (`choose`: the H200 autotuning table, else a rule);
+``make_launcher(Config(...))`` fixes one.
 
 NCHW float32, any stride / padding / dilation, any sizes (partial tiles are masked);
 groups are refused. Needs CuPy (``pip install cupy-cuda12x``) and compute capability
@@ -358,7 +360,50 @@ def make_launcher(cfg: Config = DEFAULT, name: str = "conv2d_implicit_gemm_cuda"
     return conv2d_implicit_gemm_cuda
 
 
-conv2d_implicit_gemm_cuda = make_launcher(DEFAULT)
+SMS = 132  # H200 multiprocessors, for the fallback rule
+
+
+def heuristic(p) -> Config:
+    """64x128 tiles when K <= 64; else 128x128, then 128x64, then 128x64 split over 2-4
+    blocks per tile (split-K), whichever first gives about two blocks per SM."""
+    npq = p.N * p.P * p.Q
+    if p.K <= 64:
+        return Config(64, 128, 8, 3, 2)
+    for cfg in (Config(128, 128, 8, 3, 2), Config(128, 64, 16, 3, 2),
+                Config(128, 64, 8, 3, 2, SPLIT_K=2), Config(128, 64, 8, 3, 2, SPLIT_K=4)):
+        if ceil_div(p.K, cfg.BM) * ceil_div(npq, cfg.BN) * cfg.SPLIT_K >= 2 * SMS:
+            return cfg
+    return Config(64, 64, 8, 4, 4, SPLIT_K=4)
+
+
+def choose(p) -> Config:
+    """The tile shape for ConvParams p: the H200 autotuning table, else `heuristic`."""
+    from .. import autotune
+
+    cfg = autotune.stored("cuda").get(autotune.problem_key(p))
+    return Config(**cfg) if cfg else heuristic(p)
+
+
+_CHOICE: dict = {}
+_BY_CONFIG: dict = {}
+
+
+@launcher
+def conv2d_implicit_gemm_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+    """The CUDA C implicit GEMM with the tile shape `choose` picks for this layer."""
+    try:
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+        launch = _CHOICE.get(key)
+    except TypeError:
+        key, launch = None, None
+    if launch is None:
+        p = conv_launch_params("conv2d_implicit_gemm_cuda", x, w, out, stride, padding,
+                               dilation, groups)
+        cfg = choose(p)
+        launch = _BY_CONFIG.get(cfg) or _BY_CONFIG.setdefault(cfg, make_launcher(cfg))
+        if key is not None:
+            _CHOICE[key] = launch
+    return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,0 +1,68 @@
+"""Ladder step 8: the pipelined implicit GEMM with its tile shape chosen per layer.
+
+No single tile shape is best for every layer. A block tile of BM filters x BN pixels
+makes ceil(K/BM) * ceil(N*P*Q/BN) blocks: 64 filters (ResNet's first 3x3 layers) waste
+half of a 128-filter tile, and a late layer (256 filters, 14x14 at batch 32: 6272
+pixels) has only 98 tiles of 128x128 for 132 SMs. Smaller tiles fill the GPU but reuse
+each loaded value fewer times (a 64x64 tile loads twice as much per FMA as 128x128).
+
+`choose` answers per layer shape: first from the table that `convlab.autotune` measured
+on the H200 (convlab/results/h200.json, "tuned" / "numba"), else by the rule above:
+BM = 64 when K <= 64, then the largest tile that still gives about two blocks per SM.
+Under the simulator it picks a small 32x32 tile (4x4 per thread) so that checks run
+fast; the kernel code is the same.
+"""
+
+from __future__ import annotations
+
+from ..runtime import is_simulator
+from . import conv07_implicit_gemm_pipelined as c7
+from ._launch import conv_launch_params, launcher
+
+SMS = 132  # H200 multiprocessors, for the fallback rule (only the order of magnitude matters)
+_CHOICE: dict = {}
+
+
+def heuristic(p) -> c7.Config:
+    """BM = 64 for K <= 64; else the largest of 128x128, 128x64, 64x64 with >= 2*SMS blocks."""
+    if is_simulator():
+        return c7.Config(32, 32, 8, 4, 4)
+    npq = p.N * p.P * p.Q
+    if p.K <= 64:
+        return c7.Config(64, 128, 8)
+    for bm, bn in ((128, 128), (128, 64), (64, 64)):
+        if -(-p.K // bm) * -(-npq // bn) >= 2 * SMS:
+            return c7.Config(bm, bn, 8)
+    return c7.Config(64, 64, 8)
+
+
+def choose(p) -> c7.Config:
+    """The tile shape for ConvParams p: the H200 autotuning table, else `heuristic`."""
+    from .. import autotune
+
+    if not is_simulator():
+        cfg = autotune.stored("numba").get(autotune.problem_key(p))
+        if cfg:
+            return c7.Config(**cfg)
+    return heuristic(p)
+
+
+@launcher
+def conv2d_implicit_gemm_tuned(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+    """conv07's kernel with the tile shape `choose` picks for this layer."""
+    try:
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+        launch = _CHOICE.get(key)
+    except TypeError:
+        key, launch = None, None
+    if launch is None:
+        p = conv_launch_params("conv2d_implicit_gemm_tuned", x, w, out, stride, padding,
+                               dilation, groups)
+        launch = c7.launcher_for(choose(p))
+        if key is not None:
+            _CHOICE[key] = launch
+    return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+KERNEL, SIGNATURE = c7.KERNEL, c7.SIGNATURE
+conv2d_implicit_gemm_tuned.kernel = KERNEL
