@@ -42,7 +42,10 @@ def results_json(result) -> dict:
            "output": result.summary(), "visibility": VISIBILITY, "stdout_visibility": "hidden",
            "tests": tests,
            "extra_data": {"max_score": result.max_score, "restarts": result.restarts,
-                          "flags": flags, "instructor": Path(result.instructor).name}}
+                          "flags": flags, "instructor": Path(result.instructor).name,
+                          "tasks": {t.id: t.kind for t in result.tasks},
+                          "cell_errors": [list(e) for e in result.cell_errors],
+                          "log": result.log}}
     if result.error:
         out["output"] = f"Could not grade this submission: {result.error}\n\n" + out["output"]
         out["extra_data"]["error"] = result.error

@@ -12,5 +12,6 @@ def matmul_blocked(a, b):
     for i in range(0, M, BLOCK):
         for j in range(0, N, BLOCK):
             for k in range(0, K, BLOCK):
-                c[i:i + BLOCK, j:j + BLOCK] += a[i:i + BLOCK, k:k + BLOCK] @ b[k:k + BLOCK, j:j + BLOCK]
+                ab = a[i:i + BLOCK, k:k + BLOCK] @ b[k:k + BLOCK, j:j + BLOCK]
+                c[i:i + BLOCK, j:j + BLOCK] += ab
     return c
