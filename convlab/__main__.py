@@ -30,14 +30,14 @@ def _bench(args) -> int:
             print(e)
             return 0
         print(f"Stored results from {stored.get('device')} ({stored.get('date')}):")
-        for lad in stored.get("ladders", []):
-            print(bench.Ladder(**{k: lad[k] for k in ("problem", "flops", "bytes", "baseline")},
-                               rows=[bench.Row(**r) for r in lad["rows"]]).table())
-            print()
+        from .ladder import print_results
+
+        print_results(stored)
         return 0
     from .ladder import run_ladder
 
-    run_ladder(args.layers, out_dir=args.out, repeat=args.repeat)
+    run_ladder(args.layers, out_dir=args.out, repeat=args.repeat, gemm=not args.no_gemm,
+               batches=() if args.no_batch else (32, 64, 128))
     return 0
 
 
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
     b.add_argument("--out", default=None, help="folder for JSON and pictures")
     b.add_argument("--repeat", type=int, default=15)
     b.add_argument("--sim", action="store_true", help="force the simulator")
+    b.add_argument("--no-gemm", action="store_true", help="skip the GEMM ladder (4096^3)")
+    b.add_argument("--no-batch", action="store_true", help="skip the batch-size sweep")
     b.set_defaults(func=_bench)
     e = sub.add_parser("exercises", help="exercises/ from solutions/ (build, or --check)")
     e.add_argument("action", choices=["build"])

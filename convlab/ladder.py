@@ -1,12 +1,23 @@
 """The race: every kernel of the ladder against cuDNN and cuBLAS, checked then timed.
 
-``python -m convlab bench [layers...] --out DIR`` runs this on the current GPU and writes
-``ladder.json``, a bar chart (% of cuDNN) and a roofline picture.
+``python -m convlab bench [layers...] --out DIR`` runs this on the current GPU:
+
+- the conv ladder on each layer (every kernel checked against a float64 reference, then
+  timed beside cuDNN fp32 / tf32 / fp16 and im2col + cuBLAS in the same run), printed as
+  a table with time, TFLOP/s, % of cuDNN fp32 and % of the roofline;
+- the GEMM ladder at 4096^3 against cuBLAS SGEMM (TF32 off);
+- a batch-size sweep (32 / 64 / 128) of the best kernels against cuDNN;
+
+and writes ``ladder.json`` plus pictures: ``ladder.png`` (% of cuDNN), ``roofline.png``,
+``gemm_ladder.png`` and ``batch_sweep.png``. Under the simulator it cannot time and
+shows the stored H200 results instead (`print_results`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import io
 import json
 import platform
 from pathlib import Path
@@ -49,8 +60,10 @@ def environment() -> dict:
                 versions=versions)
 
 
-def run_ladder(layers=problems.RESNET, out_dir=None, repeat: int = 15, kernels=None) -> dict:
-    """Check and time the ladder on each named layer; optionally save JSON + pictures."""
+def run_ladder(layers=problems.RESNET, out_dir=None, repeat: int = 15, kernels=None,
+               gemm: bool = True, batches=(32, 64, 128), sweep_kernels=None) -> dict:
+    """Check and time the ladder on each named layer, the GEMM ladder and the batch sweep;
+    print the tables; optionally save JSON + pictures in out_dir."""
     result = environment()
     result["ceilings"] = bench.measure_ceilings()
     print(f"{result['device']}: copy {result['ceilings']['copy_gbps']:.0f} GB/s, fp32 FMA "
@@ -58,20 +71,263 @@ def run_ladder(layers=problems.RESNET, out_dir=None, repeat: int = 15, kernels=N
     ladders = []
     for name in layers:
         prob = problems.conv_layer(name)
-        lad = bench.bench_conv(ladder_impls(prob, kernels), prob, baseline="cuDNN fp32",
-                               repeat=repeat, precision={"cuDNN tf32": "tf32",
-                                                         "cuDNN fp16": "fp16"})
-        ladders.append(lad.to_dict())
-        print()
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):  # keep the reasons of rows not timed
+            lad = bench.bench_conv(ladder_impls(prob, kernels), prob, baseline="cuDNN fp32",
+                                   repeat=repeat, precision={"cuDNN tf32": "tf32",
+                                                             "cuDNN fp16": "fp16"})
+        d = lad.to_dict()
+        d["not_timed"] = [ln.strip() for ln in buf.getvalue().splitlines() if "NOT TIMED" in ln]
+        ladders.append(d)
     result["ladders"] = ladders
+    add_roofline_pct(result)
+    if gemm:
+        result["gemm_ladder"] = run_gemm_ladder(repeat=max(5, repeat // 2))
+    if batches:
+        result["batch_sweep"] = run_batch_sweep(layers, batches, sweep_kernels)
+    print_results(result)
     if out_dir:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "ladder.json").write_text(json.dumps(result, indent=1))
-        plot_ladder(result, out / "ladder.png")
-        plot_roofline(result, out / "roofline.png")
-        print(f"wrote {out}/ladder.json, ladder.png, roofline.png")
+        save_results(result, out_dir)
     return result
+
+
+def save_results(result: dict, out_dir) -> list:
+    """ladder.json and the pictures of a run; returns the paths written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ladder.json").write_text(json.dumps(result, indent=1))
+    paths = [out / "ladder.json"]
+    for fn, name in ((plot_ladder, "ladder.png"), (plot_roofline, "roofline.png"),
+                     (plot_gemm_ladder, "gemm_ladder.png"),
+                     (plot_batch_sweep, "batch_sweep.png")):
+        try:
+            fig = fn(result, out / name)
+        except KeyError:  # a part that was not run
+            continue
+        if fig is not None:
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
+            paths.append(out / name)
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+# ----------------------------------------------------------------------------------------
+# % of the roofline, the tables
+
+
+def roofline_bound(flops: int, nbytes: int, ceilings: dict) -> float:
+    """TFLOP/s the roofline allows at this arithmetic intensity (compulsory traffic)."""
+    return min(ceilings["fma_tflops"], flops / nbytes * ceilings["copy_gbps"] / 1e3)
+
+
+def add_roofline_pct(result: dict) -> None:
+    """Every row of every ladder gets pct_roofline: its TFLOP/s over the roofline bound.
+
+    The bound uses this run's measured ceilings; where a library beat the measured FMA
+    ceiling (the ceiling kernel is simple), the best fp32 rate of the run is used.
+    """
+    ce = dict(result["ceilings"])
+    fp32 = [r["tflops"] for lad in result["ladders"] for r in lad["rows"]
+            if r["name"] not in ("cuDNN tf32", "cuDNN fp16")]
+    ce["fma_tflops"] = max([ce["fma_tflops"]] + fp32)
+    result["roofline_fp32_tflops"] = ce["fma_tflops"]
+    for lad in result["ladders"]:
+        bound = roofline_bound(lad["flops"], lad["bytes"], ce)
+        lad["roofline_tflops"] = bound
+        for r in lad["rows"]:
+            r["pct_roofline"] = 100 * r["tflops"] / bound
+
+
+def ladder_table(lad: dict) -> str:
+    """One layer: version, ms, TFLOP/s, % of cuDNN fp32, % of roofline, max rel error."""
+    head = f"{lad['problem']}  ({lad['flops'] / 1e9:.2f} GFLOP)"
+    lines = [head, f"{'version':<26}{'ms':>9}{'TFLOP/s':>9}{'% cuDNN':>9}{'% roof':>8}"
+                   f"{'rel err':>9}"]
+    for r in lad["rows"]:
+        pct = r.get("pct_of_baseline")
+        roof = r.get("pct_roofline")
+        lines.append(f"{r['name']:<26}{r['ms']:9.4f}{r['tflops']:9.2f}"
+                     f"{(f'{pct:8.1f}%') if pct is not None else '        -'}"
+                     f"{(f'{roof:7.1f}%') if roof is not None else '       -'}"
+                     f"{r['max_rel_err']:9.1e}")
+    return "\n".join(lines)
+
+
+def print_results(result: dict) -> None:
+    """All tables of a run (fresh or stored)."""
+    for lad in result.get("ladders", []):
+        print(ladder_table(lad))
+        for line in lad.get("not_timed", []):
+            print("  " + line[:160])
+        print()
+    g = result.get("gemm_ladder")
+    if g:
+        print(f"GEMM {g['n']}^3 fp32 ({2 * g['n'] ** 3 / 1e9:.0f} GFLOP)")
+        print(f"{'version':<26}{'ms':>9}{'TFLOP/s':>9}{'% cuBLAS':>10}{'rel err':>9}")
+        for r in g["rows"]:
+            pct = f"{r['pct_cublas']:9.1f}%" if r.get("pct_cublas") is not None else "        -"
+            print(f"{r['name']:<26}{r['ms']:9.3f}{r['tflops']:9.2f}{pct}"
+                  f"{r['max_rel_err']:9.1e}")
+        for name, err in g.get("errors", {}).items():
+            print(f"{name:<26} NOT TIMED: {err[:70]}")
+        print()
+    sw = result.get("batch_sweep")
+    if sw:
+        print("batch sweep: ms (% of cuDNN fp32)")
+        names = list(dict.fromkeys(k for row in sw["rows"] for k in row["ms"]))
+        print(f"{'layer':<14}{'batch':>6}" + "".join(f"{n:>24}" for n in names))
+        for row in sw["rows"]:
+            cells = ""
+            for n in names:
+                ms, pct = row["ms"].get(n), row["pct_cudnn"].get(n)
+                if ms is None:
+                    cells += f"{'-':>24}"
+                else:
+                    cells += f"{ms:14.4f} ({pct:5.1f}%)" if pct is not None else f"{ms:24.4f}"
+            print(f"{row['layer']:<14}{row['batch']:>6}{cells}")
+        print()
+
+
+# ----------------------------------------------------------------------------------------
+# The GEMM ladder and the batch sweep
+
+
+def run_gemm_ladder(n: int | None = None, kernels: dict | None = None, repeat: int = 8,
+                    seed: int = 0) -> dict:
+    """Every GEMM of the ladder on n x n x n (4096 on a GPU) against cuBLAS, checked first."""
+    import numpy as np
+
+    from . import baselines, check
+    from .kernels import GEMM_LADDER
+
+    n = n or problems.gemm_size()
+    c = cuda()
+    rng = np.random.default_rng(seed)
+    a, b = check.random_array((n, n), rng), check.random_array((n, n), rng)
+    expected, absref = _gemm_reference(a, b)
+    ad, bd = c.to_device(a), c.to_device(b)
+    rows, errors = [], {}
+    flops = 2 * n**3
+    impls = dict(kernels or GEMM_LADDER)
+    for name, fn in impls.items():
+        try:
+            out = c.to_device(check.poisoned((n, n)))
+            fn(ad, bd, out)
+            c.synchronize()
+            comp = check.compare(out.copy_to_host(), expected, absref, n)
+            if not comp.ok:
+                raise check.CheckError(comp.summary())
+            t = bench.time_gpu(fn, ad, bd, out, repeat=repeat, warmup=1)
+            rows.append(dict(name=name, ms=t.median_ms, spread=t.spread,
+                             tflops=t.tflops(flops), max_rel_err=comp.max_rel))
+        except Exception as e:  # noqa: BLE001  (one broken version must not stop the ladder)
+            errors[name] = f"{type(e).__name__}: {e}"[:400]
+    if baselines.cupy_available():
+        import cupy as cp
+
+        ac, bc = cp.asarray(a), cp.asarray(b)
+        cc = cp.empty_like(ac)
+        cp.matmul(ac, bc, out=cc)
+        comp = check.compare(cp.asnumpy(cc), expected, absref, n)
+        t = bench.time_gpu(lambda: cp.matmul(ac, bc, out=cc), repeat=repeat)
+        rows.append(dict(name="cuBLAS", ms=t.median_ms, spread=t.spread, tflops=t.tflops(flops),
+                         max_rel_err=comp.max_rel))
+    base = next((r for r in rows if r["name"] == "cuBLAS"), None)
+    for r in rows:
+        r["pct_cublas"] = 100 * base["ms"] / r["ms"] if base else None
+    return dict(n=n, rows=rows, errors=errors)
+
+
+def _gemm_reference(a, b):
+    """A @ B and |A| @ |B| in float64 (on the GPU through CuPy when it can)."""
+    import numpy as np
+
+    from . import baselines
+
+    if baselines.cupy_available():
+        import cupy as cp
+
+        a64, b64 = cp.asarray(a, dtype=cp.float64), cp.asarray(b, dtype=cp.float64)
+        return cp.asnumpy(a64 @ b64), cp.asnumpy(cp.abs(a64) @ cp.abs(b64))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return a64 @ b64, np.abs(a64) @ np.abs(b64)
+
+
+def sweep_kernels() -> dict:
+    """The kernels of the batch sweep: the best pure-Numba conv and the CUDA C one."""
+    from .kernels import CONV_LADDER
+
+    names = ("implicit_gemm_tuned", "implicit_gemm_cuda")
+    return {n: CONV_LADDER[n] for n in names if n in CONV_LADDER}
+
+
+def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
+                    repeat: int = 10, seed: int = 1) -> dict:
+    """Time `kernels` and cuDNN fp32 on each layer at each batch size (checked first)."""
+    import numpy as np
+
+    from . import baselines, check
+
+    kernels = kernels or sweep_kernels()
+    c = cuda()
+    rows = []
+    rng = np.random.default_rng(seed)
+    for name in layers:
+        for nb in batches:
+            prob = problems.conv_layer(name).with_batch(nb)
+            x = check.random_array(prob.x_shape, rng)
+            w = check.random_array(prob.w_shape, rng)
+            expected, absref = _conv_reference(x, w, prob.kwargs)
+            row = dict(layer=problems.conv_layer(name).name, batch=nb, ms={}, pct_cudnn={},
+                       errors={})
+            impls = dict(kernels)
+            timings = {}
+            if baselines.torch_available():
+                impl = baselines.cudnn_conv_impl(prob, "fp32")
+                st = impl.prepare(x, w)
+                impl.run(st)
+                timings["cuDNN fp32"] = bench.time_gpu(impl.run, st, repeat=repeat).median_ms
+            xd, wd = c.to_device(x), c.to_device(w)
+            for kname, fn in impls.items():
+                try:
+                    out = c.to_device(check.poisoned(prob.out_shape))
+                    fn(xd, wd, out, **prob.kwargs)
+                    c.synchronize()
+                    comp = check.compare(out.copy_to_host(), expected, absref,
+                                         prob.C * prob.R * prob.S)
+                    if not comp.ok:
+                        raise check.CheckError(comp.summary())
+                    timings[kname] = bench.time_gpu(fn, xd, wd, out, repeat=repeat,
+                                                    **prob.kwargs).median_ms
+                except Exception as e:  # noqa: BLE001
+                    row["errors"][kname] = f"{type(e).__name__}: {e}"[:300]
+            base = timings.get("cuDNN fp32")
+            for k, ms in timings.items():
+                row["ms"][k] = ms
+                row["pct_cudnn"][k] = 100 * base / ms if base else None
+            rows.append(row)
+    return dict(batches=list(batches), rows=rows)
+
+
+def _conv_reference(x, w, kw):
+    """conv(x, w) and conv(|x|, |w|) in float64: PyTorch on the GPU when it can."""
+    import numpy as np
+
+    from . import baselines
+    from . import reference as ref
+
+    if baselines.torch_available():
+        import torch
+
+        F = torch.nn.functional
+        xt, wt = torch.from_numpy(x).cuda().double(), torch.from_numpy(w).cuda().double()
+        y = F.conv2d(xt, wt, **kw).cpu().numpy()
+        ya = F.conv2d(xt.abs(), wt.abs(), **kw).cpu().numpy()
+        return y, ya
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    return ref.conv2d_im2col(x64, w64, **kw), ref.conv2d_im2col(np.abs(x64), np.abs(w64), **kw)
 
 
 def plot_ladder(result: dict, path=None):
@@ -123,4 +379,66 @@ def plot_roofline(result: dict, path=None):
     if path:
         fig.savefig(path, dpi=120)
         plt.close(fig)
+    return fig
+
+
+def plot_gemm_ladder(result: dict, path=None):
+    """Bars: TFLOP/s of every GEMM version at 4096^3, cuBLAS last."""
+    import matplotlib
+
+    matplotlib.use("Agg") if path else None
+    import matplotlib.pyplot as plt
+
+    g = result["gemm_ladder"]
+    rows = g["rows"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    names = [r["name"] for r in rows]
+    bars = ax.bar(names, [r["tflops"] for r in rows],
+                  color=["tab:gray" if n == "cuBLAS" else "tab:blue" for n in names])
+    for b, r in zip(bars, rows, strict=True):
+        if r.get("pct_cublas") is not None:
+            ax.annotate(f"{r['pct_cublas']:.0f}%", (b.get_x() + b.get_width() / 2,
+                                                    b.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("TFLOP/s (fp32)")
+    ax.set_title(f"{result['device']}: SGEMM {g['n']}^3, % of cuBLAS on the bars")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_batch_sweep(result: dict, path=None):
+    """% of cuDNN fp32 against batch size, one panel per layer."""
+    import matplotlib
+
+    matplotlib.use("Agg") if path else None
+    import matplotlib.pyplot as plt
+
+    sw = result["batch_sweep"]
+    layers = list(dict.fromkeys(r["layer"] for r in sw["rows"]))
+    fig, axes = plt.subplots(1, len(layers), figsize=(3.6 * len(layers), 3.3), sharey=True,
+                             squeeze=False)
+    have_base = any(v is not None for r in sw["rows"] for v in r["pct_cudnn"].values())
+    key = "pct_cudnn" if have_base else "ms"  # without cuDNN: plain times
+    for ax, layer in zip(axes[0], layers, strict=True):
+        rows = [r for r in sw["rows"] if r["layer"] == layer]
+        names = [n for n in dict.fromkeys(k for r in rows for k in r["ms"])
+                 if n != "cuDNN fp32" or not have_base]
+        for n in names:
+            pts = [(r["batch"], r[key].get(n)) for r in rows if r[key].get(n) is not None]
+            ax.plot([b for b, _ in pts], [v for _, v in pts], "o-", label=n)
+        if have_base:
+            ax.axhline(100, color="k", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sw["batches"], [str(b) for b in sw["batches"]])
+        ax.set_title(layer, fontsize=9)
+        ax.set_xlabel("batch")
+    axes[0][0].set_ylabel("% of cuDNN fp32 speed" if have_base else "ms")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle(f"{result['device']}: batch-size sweep", fontsize=10)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
     return fig
