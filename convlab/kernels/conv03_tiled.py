@@ -33,12 +33,14 @@ from numba import cuda, float32, int32, uint32
 
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
 
-# (threads along output columns, threads along output rows, output channels per thread,
-# input channels per shared-memory stage). KPT and CB chosen by the H200 sweep in
-# tools/gpu/lesson06_sweep.py (results in convlab/results/); the tile's width and height
-# are fitted to the output by `fit_tile` (on 28x28 outputs a 32x8 tile leaves 23% of
-# its threads idle, a 28x7 one none, and the H200 measured the difference).
-TILE = dict(kpt=8, cb=8)
+# (output channels per thread, input channels per shared-memory stage) and the tile's
+# width and height. The H200 sweep (tools/gpu/lesson06_sweep.py, run 2; results in
+# convlab/results/h200_lessons04_06.json) measured 28x7 k8 c4 fastest on the 128-channel
+# 28x28 layer: 0.634 ms, against 1.014 ms for c8, whose unrolled loads need 128 registers
+# per thread (74 for c4: more warps per SM to hide latency). The tile's width and height
+# are fitted to the output by `fit_tile` (on 28x28 outputs a 32x8 tile leaves 23% of its
+# threads idle, a 28x7 one none).
+TILE = dict(kpt=8, cb=4)
 TILE_SHAPES = ((32, 4), (32, 8), (28, 7), (16, 8), (16, 16), (14, 14), (8, 16))
 SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block
 
