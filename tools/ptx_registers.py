@@ -43,10 +43,10 @@ out = {"ptxas": str(PTXAS), "arch": "sm_90", "conv03_tiled": {}, "filter02_tiled
 for t in [(28, 7, 8, 8), (28, 7, 8, 4), (28, 7, 8, 16), (28, 7, 4, 8), (28, 7, 16, 8),
           (28, 7, 1, 8), (32, 8, 8, 8), (32, 4, 8, 8), (16, 16, 8, 8), (14, 14, 8, 8)]:
     k = conv03_tiled.make_kernel(3, 3, 1, 1, 1, 1, *t)
-    out["conv03_tiled"]["%dx%d k%d c%d" % t] = usage(k, conv03_tiled.SIGNATURE)
+    out["conv03_tiled"]["{}x{} k{} c{}".format(*t)] = usage(k, conv03_tiled.SIGNATURE)
 g = filter02_tiled.GAUSS3
 for t in [dict(tx=32, ty=8, v=8), dict(tx=32, ty=8, v=4), dict(tx=32, ty=8, v=1),
           dict(tx=32, ty=4, v=16), dict(tx=16, ty=16, v=4)]:
-    out["filter02_tiled"]["%(tx)dx%(ty)d v%(v)d" % t] = usage(filter02_tiled.make_kernel(g, **t),
+    out["filter02_tiled"]["{tx}x{ty} v{v}".format(**t)] = usage(filter02_tiled.make_kernel(g, **t),
                                                               filter02_tiled.SIGNATURE)
 json.dump(out, sys.stdout, indent=1)
