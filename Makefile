@@ -26,6 +26,7 @@ lab: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check convlab tests
+	$(PY) -m convlab exercises build --check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -33,6 +34,10 @@ lint: $(STAMP)
 
 doctor: $(STAMP)
 	$(PY) -m convlab doctor
+
+# exercises/ is generated from solutions/ (never edit it by hand)
+exercises: $(STAMP)
+	$(PY) -m convlab exercises build
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
