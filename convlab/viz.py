@@ -453,3 +453,169 @@ def roofline(points, bandwidth_gbps: float, peak_gflops: float, peak_label="fp32
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:g}"))
     ax.set_ylabel("GFLOP/s")
     return ax
+
+
+# ----------------------------------------------------------------------------------------
+# GPU pictures (lessons 04-06): threads -> outputs, layouts, halo tiles, banks
+
+WARP_COLORS = ["#8ecae6", "#219ebc", "#ffb703", "#fb8500", "#b5e48c", "#52b69a",
+               "#f4a3c0", "#c9184a"]
+
+
+def draw_execution_model(P=10, Q=40, block=(32, 4), mapping="coalesced", show=(0, 1)):
+    """The grid of blocks over a P x Q output, and which output each thread computes.
+
+    block: (threads along x, threads along y). mapping='coalesced': thread x walks output
+    columns (a warp = 32 neighbouring outputs of a row); 'naive': thread x walks output
+    rows (a warp = 32 outputs of a column), as in conv01_naive. show: (block x, block y)
+    of the block whose warps are coloured. Threads that fall outside the output idle
+    (hatched). Returns the figure.
+    """
+    plt = _plt()
+    bx, by = block
+    along_q = mapping == "coalesced"
+    nbx = -(-Q // bx) if along_q else -(-P // bx)
+    nby = -(-P // by) if along_q else -(-Q // by)
+    # cover the output with the blocks' footprint, including idle threads
+    rows = nby * by if along_q else nbx * bx
+    cols = nbx * bx if along_q else nby * by
+    fig, ax = plt.subplots(figsize=(max(8, min(14, 0.25 * cols + 2)),
+                                    min(9, 0.25 * rows + 1.8)))
+    for p in range(rows):
+        for q in range(cols):
+            if along_q:
+                gx, gy, tx, ty = q // bx, p // by, q % bx, p % by
+            else:
+                gx, gy, tx, ty = p // bx, q // by, p % bx, q % by
+            tid = ty * bx + tx
+            inside = p < P and q < Q
+            if (gx, gy) == tuple(show):
+                fc = WARP_COLORS[(tid // 32) % len(WARP_COLORS)]
+            else:
+                fc = "0.93" if (gx + gy) % 2 else "0.82"
+            ax.add_patch(plt.Rectangle((q, p), 1, 1, fc=fc if inside else "white", ec="0.6",
+                                       lw=0.3, hatch=None if inside else "////"))
+    for gy in range(nby):
+        for gx in range(nbx):
+            if along_q:
+                _frame(ax, gx * bx, gy * by, by, bx, color="0.2", lw=1.2)
+            else:
+                _frame(ax, gy * by, gx * bx, bx, by, color="0.2", lw=1.2)
+    _frame(ax, 0, 0, P, Q, color=HIGHLIGHT, lw=2)
+    _finish(ax)
+    nwarps = -(-bx * by // 32)
+    what = ("thread x -> output column q: a warp is 32 neighbours in a row"
+            if along_q else "thread x -> output row p: a warp is 32 outputs of a column")
+    ax.set_title(f"grid of {nbx}x{nby} blocks of {bx}x{by} threads over a {P}x{Q} output "
+                 f"(red); block {tuple(show)}: its {nwarps} warps in colour\n{what}; "
+                 "hatched: threads with no output (they return early)", fontsize=9)
+    return fig
+
+
+def draw_layouts(C=3, H=2, W=4, warp=4):
+    """NCHW and NHWC of one image in memory, and the addresses that `warp` neighbouring
+    threads read when thread i takes output column i of channel 0. Returns the figure."""
+    plt = _plt()
+    n = C * H * W
+    fig, axes = plt.subplots(2, 1, figsize=(min(14, 0.5 * n + 2), 3.2))
+    for ax, layout in zip(axes, ("NCHW", "NHWC"), strict=True):
+        for k in range(n):
+            if layout == "NCHW":
+                c, h, w = k // (H * W), (k // W) % H, k % W
+            else:
+                h, w, c = k // (W * C), (k // C) % W, k % C
+            read = c == 0 and h == 0 and w < warp
+            _grid(ax, k, 0, 1, 1, CHANNEL_COLORS[c % len(CHANNEL_COLORS)],
+                  [[f"{'chw'[0]}{c}\n{h},{w}"]], fontsize=5)
+            if read:
+                _frame(ax, k, 0, 1, 1, lw=2)
+        idx = [k for k in range(n) if (k < warp if layout == "NCHW" else
+                                        (k % C == 0 and k // C < warp))]
+        span = idx[-1] - idx[0] + 1
+        _finish(ax)
+        ax.set_title(f"{layout}: threads 0..{warp - 1} read x[c=0, h=0, w=0..{warp - 1}] "
+                     f"(red): {'contiguous' if span == warp else f'one float in every {C}'}, "
+                     f"spread over {span} floats", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def draw_halo_tile(H=12, W=20, tile=(8, 4), kernel_hw=3, block=(1, 1), v=1, pad=0):
+    """A block's output tile, the input tile it stages in shared memory (tile + halo), and
+    that tile as laid out in shared memory (row pitch = width + pad).
+
+    tile: (output columns, output rows) per block; v: outputs per thread down a column
+    (the thread of column 0 is marked). Returns the figure.
+    """
+    plt = _plt()
+    R, S = ref.pair(kernel_hw, "kernel size")
+    tw, th = tile
+    bx, by = block
+    hr, hs = R // 2, S // 2
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6),
+                                  gridspec_kw=dict(width_ratios=[W + 2 * hs + 2, tw + S + pad]))
+    # the image with its zero-padding ring
+    for i in range(-hr, H + hr):
+        for j in range(-hs, W + hs):
+            inside = 0 <= i < H and 0 <= j < W
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, fc="white" if inside else "0.9",
+                                       ec="0.75", lw=0.3))
+    y0, x0 = by * th, bx * tw
+    for i in range(y0 - hr, y0 + th + hr):
+        for j in range(x0 - hs, x0 + tw + hs):
+            halo = not (y0 <= i < y0 + th and x0 <= j < x0 + tw)
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, fc="#ffb703" if halo else "#8ecae6",
+                                       ec="0.5", lw=0.4, alpha=0.9))
+    _frame(ax, x0, y0, th, tw, lw=2.2)
+    _frame(ax, x0 - hs, y0 - hr, th + 2 * hr, tw + 2 * hs, color="#023047", lw=1.6)
+    ax.text(x0 + tw / 2, y0 - hr - 0.6, "input tile = output tile + halo", ha="center",
+            fontsize=8, color="#023047")
+    _finish(ax, f"image {H}x{W} (grey ring: zero padding), block {block}: output tile "
+                f"{tw}x{th} (red), halo {hr} rows / {hs} columns (orange)")
+    # the shared-memory copy
+    hi, wi = th + R - 1, tw + S - 1
+    for i in range(hi):
+        for j in range(wi + pad):
+            if j >= wi:
+                fc = "0.85"
+            else:
+                halo = not (hr <= i < hr + th and hs <= j < hs + tw)
+                fc = "#ffb703" if halo else "#8ecae6"
+            ax2.add_patch(plt.Rectangle((j, i), 1, 1, fc=fc, ec="0.5", lw=0.4))
+    for r in range(min(v, th)):
+        ax2.add_patch(plt.Rectangle((hs, hr + r), 1, 1, fill=False, ec=HIGHLIGHT, lw=1.6))
+    _frame(ax2, 0, 0, min(v, th) + R - 1, S, color=HIGHLIGHT, lw=1, ls="--")
+    _finish(ax2, f"in shared memory: {hi}x{wi}" + (f" + {pad} padding column(s)" if pad else "")
+             + f"\nthread 0's {min(v, th)} output(s) (red) read the dashed window")
+    fig.tight_layout()
+    return fig
+
+
+def draw_banks(pitch=32, rows=8, cols=32):
+    """A shared-memory tile with row pitch `pitch` floats, coloured by bank, and the 32
+    words one warp reads when thread i reads row i of column 0 (a column read).
+
+    pitch=32: every word of the column is in bank 0 (32-way conflict); pitch=33: 32
+    different banks. Returns the figure.
+    """
+    plt = _plt()
+    cmap = plt.get_cmap("tab20")
+    n_read = 32
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    shown = max(rows, 1)
+    for i in range(shown):
+        for j in range(pitch):
+            word = i * pitch + j
+            bank = word % 32
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, fc=cmap(bank % 20) if j < cols else "0.85",
+                                       ec="0.6", lw=0.3, alpha=0.55 if j < cols else 1))
+            if j == 0:
+                ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, ec=HIGHLIGHT, lw=1.8))
+            ax.text(j + 0.5, i + 0.5, str(bank), ha="center", va="center", fontsize=5)
+    banks = sorted({(i * pitch) % 32 for i in range(n_read)})
+    ways = n_read // len(banks)
+    _finish(ax, f"row pitch {pitch} floats (numbers: bank = word address mod 32)\nA warp "
+                f"reading column 0 of {n_read} rows touches {len(banks)} bank(s): "
+                + ("no conflict" if ways == 1 else f"{ways}-way conflict")
+                + f" (first {shown} rows shown" + (", grey: padding)" if pitch > cols else ")"))
+    return fig
