@@ -435,6 +435,37 @@ def check_conv2d(fn, *, stride=True, padding=True, dilation=False, groups=False,
     return _run_cases("conv2d", fn, cases, device, runs, quiet, precision)
 
 
+def nhwc_adapter(fn):
+    """An NHWC GPU conv launcher seen as an NCHW one, for the conv2d checker.
+
+    fn(x (N, H, W, C), w (R, S, C, K), out (N, P, Q, K), stride=, padding=) fills out
+    (device arrays; w in "HWIO" order, TensorFlow's filter layout). The adapter transposes
+    the checker's NCHW inputs on the host, runs fn on a poisoned NHWC output, and hands
+    the result back as NCHW (so reports name NCHW indices (n, k, p, q)).
+    """
+    def conv2d_nhwc_as_nchw(x, w, out, **kwargs):
+        c = _device()
+        xh = np.ascontiguousarray(_to_host(x).transpose(0, 2, 3, 1))
+        wh = np.ascontiguousarray(_to_host(w).transpose(2, 3, 1, 0))
+        N, K, P, Q = out.shape
+        oh = c.to_device(poisoned((N, P, Q, K)))
+        fn(c.to_device(xh), c.to_device(wh), oh, **kwargs)
+        c.synchronize()
+        out.copy_to_device(np.ascontiguousarray(_to_host(oh).transpose(0, 3, 1, 2)))
+
+    conv2d_nhwc_as_nchw.device = True
+    conv2d_nhwc_as_nchw.__name__ = _name(fn)
+    conv2d_nhwc_as_nchw.__wrapped_nhwc__ = fn
+    return conv2d_nhwc_as_nchw
+
+
+def check_conv2d_nhwc(fn, *, stride=True, padding=True, seed=None, runs: int = 2,
+                      quiet=False) -> str:
+    """Check an NHWC conv2d GPU launcher (see `nhwc_adapter`) on the conv2d cases."""
+    return check_conv2d(nhwc_adapter(fn), stride=stride, padding=padding, device=True,
+                        seed=seed, runs=runs, quiet=quiet)
+
+
 def filter2d_cases(rng, *, small=None, kernels=None):
     """Single-image, single-filter problems ('same' zero padding), odd sizes."""
     if small is None:

@@ -286,3 +286,20 @@ def test_tiled_filter_on_gpu(tile):
 @pytest.mark.gpu
 def test_tiled_gemm_32_on_gpu():
     check.check_gemm(gemm01_tiled.gemm_tiled, quiet=True)
+
+
+def test_nhwc_checker_accepts_a_correct_nhwc_kernel_and_rejects_nchw_weights():
+    def good(x, w, out, stride=1, padding=0):
+        return layout.conv2d_nhwc_pixels(x, w, out, stride=stride, padding=padding)
+
+    check.check_conv2d_nhwc(good, quiet=True)
+
+    def wrong_weight_layout(x, w, out, stride=1, padding=0):
+        # reads w as if it were (R, S, K, C) reshaped: channels and filters mixed up
+        R, S, C, K = w.shape
+        wt = cuda().to_device(np.ascontiguousarray(
+            w.copy_to_host().reshape(R, S, K, C).transpose(0, 1, 3, 2)))
+        return layout.conv2d_nhwc_pixels(x, wt, out, stride=stride, padding=padding)
+
+    with pytest.raises(check.CheckError, match="wrong"):
+        check.check_conv2d_nhwc(wrong_weight_layout, quiet=True)
