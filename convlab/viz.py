@@ -619,3 +619,24 @@ def draw_banks(pitch=32, rows=8, cols=32):
                 + ("no conflict" if ways == 1 else f"{ways}-way conflict")
                 + f" (first {shown} rows shown" + (", grey: padding)" if pitch > cols else ")"))
     return fig
+
+
+def show_code(obj, start: str | None = None, end: str | None = None):
+    """Source of a function, kernel (GPU or simulator) or module, syntax-highlighted.
+
+    start / end: show the source from the first line containing `start` up to (not
+    including) the first later line containing `end`. Returns an IPython `Code` object
+    (a notebook cell shows it highlighted; print() gives the plain text).
+    """
+    import inspect
+
+    from IPython.display import Code
+
+    fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
+    lines = inspect.getsource(fn).splitlines()
+    if start is not None:
+        lines = lines[next(i for i, ln in enumerate(lines) if start in ln):]
+    if end is not None:
+        stop = next((i for i, ln in enumerate(lines) if i > 0 and end in ln), len(lines))
+        lines = lines[:stop]
+    return Code("\n".join(lines), language="python")
