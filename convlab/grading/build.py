@@ -18,8 +18,11 @@ NOTEBOOK_NAME = re.compile(r"^\d\d_[\w\-]+\.ipynb$")
 
 
 def repo_root(start=None) -> Path:
-    """The folder holding solutions/: the current one if it has it, else the checkout."""
-    here = Path(start or Path.cwd())
+    """The folder holding solutions/: `start` when given; else the current folder if it
+    has one, else the checkout this package lives in."""
+    if start is not None:
+        return Path(start)
+    here = Path.cwd()
     if (here / "solutions").is_dir():
         return here
     pkg_parent = Path(__file__).resolve().parents[2]

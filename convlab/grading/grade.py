@@ -392,9 +392,14 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
         shutil.rmtree(priv, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     for t in tasks.values():
-        stub = "stub" in t.flags
+        stub, missing = "stub" in t.flags, "missing" in t.flags
         t.flags = [f for f in t.flags if f not in ("stub", "missing")]
-        if stub and not t.passed:
+        if missing:
+            t.kind = "not-implemented" if t.kind in ("failed", "not-run") else t.kind
+            t.message = (f"not implemented: the submission has no '# EXERCISE: {t.id}' answer "
+                         "cell (it must be the cell's first line); the stub was graded\n"
+                         + t.message)
+        elif stub and not t.passed:
             t.kind = "not-implemented"
             t.message = ("not implemented: the answer cell still holds the `# YOUR CODE HERE` "
                          "stub\n" + t.message)

@@ -14,8 +14,8 @@ The grader's first cell calls `install(config_path)` before any learner code run
    running" and, when the learner's function returns, verifies and restores the snapshot;
 4. adds an **audit hook** (which Python cannot remove) that refuses, from then on:
    writing any file named ``results.json`` or under the grader's folders, reading the
-   solutions / instructor / private-test folders, starting processes, killing other
-   processes, ``sys.settrace``/``setprofile``, ``gc.get_objects``/``get_referrers``,
+   solutions / instructor / private-test folders, learner code starting processes or
+   tracing (``sys.settrace``), killing other processes, ``gc.get_objects``/``get_referrers``,
    replacing the code of protected functions or the attributes of protected classes,
    and - while the learner's function runs - reaching the checker's stack frames
    (``sys._getframe``, ``tb_frame``, ``gi_frame``...);
@@ -56,8 +56,12 @@ _SPAWN_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.spawn
 _INTROSPECTION = frozenset({"gc.get_objects", "gc.get_referrers", "gc.get_referents"})
 _TRACING = frozenset({"sys.settrace", "sys.setprofile"})  # fine for convlab.trace, not answers
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._current_frames"})
+# Library code that only passes a request on: the frame that called it decides.
 _HELPER_FILES = ("inspect.py", "traceback.py", "linecache.py", "logging", "warnings.py",
-                 "contextlib.py", "functools.py", "threading.py")
+                 "contextlib.py", "functools.py", "threading.py", "subprocess.py", "os.py",
+                 "pty.py", "shutil.py", "platform.py", "popen_fork.py", "popen_spawn_posix.py",
+                 "context.py", "process.py", "pool.py", "thread.py", "base_events.py",
+                 "unix_events.py")
 _SHELL_METHODS = ("run_cell", "run_cell_async", "run_code", "run_ast_nodes", "transform_cell",
                   "showtraceback", "_showtraceback", "showsyntaxerror", "should_run_async",
                   "transform_ast", "ex", "ev", "safe_execfile")
@@ -442,8 +446,9 @@ def install(config_path: str) -> None:
                         raise NotAllowedInAnswer(f"{event} on {path} is not allowed while "
                                                  "grading")
             elif event in _SPAWN_EVENTS:
-                raise NotAllowedInAnswer(f"{event}: starting processes is not allowed while "
-                                         "grading")
+                if learner_initiated():  # convlab.doctor() may run nvidia-smi; answers may not
+                    raise NotAllowedInAnswer(f"{event}: starting processes is not allowed in an "
+                                             "answer while grading")
             elif event == "os.kill":
                 if args[0] != os.getpid():
                     raise NotAllowedInAnswer("signalling other processes is not allowed while "
