@@ -640,3 +640,35 @@ def show_code(obj, start: str | None = None, end: str | None = None):
         stop = next((i for i, ln in enumerate(lines) if i > 0 and end in ln), len(lines))
         lines = lines[:stop]
     return Code("\n".join(lines), language="python")
+
+
+def draw_launch_timeline(launch_us: float, kernels, n: int = 6):
+    """CPU launches and GPU execution, one panel per kernel.
+
+    launch_us: CPU time of one launch from Python; kernels: [(label, GPU µs), ...]. Kernel i
+    starts when it has been launched and kernel i-1 has finished. Returns the figure.
+    """
+    plt = _plt()
+    fig, axes = plt.subplots(len(kernels), 1, figsize=(9, 1.7 * len(kernels) + 0.3),
+                             squeeze=False)
+    for ax, (label, k_us) in zip(axes[:, 0], kernels, strict=True):
+        t_gpu = 0.0
+        busy = 0.0
+        for i in range(n):
+            ax.add_patch(plt.Rectangle((i * launch_us, 1.1), launch_us * 0.95, 0.7,
+                                       fc="#ffb703", ec="0.3", lw=0.5))
+            start = max((i + 1) * launch_us, t_gpu)
+            ax.add_patch(plt.Rectangle((start, 0.1), k_us, 0.7, fc="#219ebc", ec="0.3", lw=0.5))
+            t_gpu = start + k_us
+            busy += k_us
+        end = max(t_gpu, n * launch_us)
+        ax.set_xlim(0, end * 1.02)
+        ax.set_ylim(0, 2)
+        ax.set_yticks([0.45, 1.45], ["GPU", "CPU"])
+        ax.set_xlabel("µs")
+        idle = 1 - busy / (t_gpu - launch_us)
+        ax.set_title(f"{label}: kernel {k_us:.3g} µs, launch {launch_us:.3g} µs of CPU; "
+                     f"GPU idle {100 * idle:.0f}% of the time after the first launch",
+                     fontsize=9)
+    fig.tight_layout()
+    return fig
