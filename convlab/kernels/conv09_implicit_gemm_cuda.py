@@ -248,10 +248,13 @@ class Config:
 DEFAULT = Config()
 # Candidate shapes for the autotuner (convlab.autotune) and the H200 sweep.
 CANDIDATES = [
-    Config(128, 128, 8, 3, 2), Config(128, 128, 8, 4, 2), Config(128, 128, 16, 3, 1),
-    Config(128, 128, 8, 3, 1), Config(64, 128, 8, 3, 2), Config(128, 64, 8, 3, 2),
-    Config(64, 128, 16, 3, 2), Config(128, 64, 16, 3, 2), Config(64, 64, 8, 4, 4),
+    Config(128, 128, 8, 3, 2), Config(128, 128, 16, 3, 1), Config(128, 128, 8, 4, 2),
+    Config(64, 128, 8, 3, 2), Config(64, 128, 16, 3, 2), Config(64, 128, 8, 4, 2),
+    Config(128, 64, 8, 3, 2), Config(128, 64, 16, 3, 2), Config(128, 64, 16, 4, 2),
+    Config(64, 64, 8, 4, 4), Config(64, 64, 16, 3, 4),
     Config(128, 128, 8, 3, 2, SPLIT_K=2), Config(128, 64, 8, 3, 2, SPLIT_K=2),
+    Config(128, 64, 16, 3, 2, SPLIT_K=2), Config(128, 64, 8, 3, 2, SPLIT_K=3),
+    Config(64, 64, 8, 4, 4, SPLIT_K=2),
 ]
 
 _MODULES: dict = {}

@@ -16,7 +16,8 @@ Built on `gemm03_vectorized` (transposed A slab, 4x4 sub-blocks, 128-bit shared 
    address becomes base + immediate (``kernel.unrolled_source`` shows the result).
 
 ``make_kernel(BM, BN, BK, TM, TN, min_blocks)`` builds it for power-of-two tiles; the
-module's kernel is the 128x128x8 / 8x8 one.
+module's kernel uses 128x64x8 tiles (8x8 per thread, 128 threads), the fastest shape on
+the H200 at 4096^3 in run 1 (2026-11-29: 72% of cuBLAS, against 57% for 128x128x8).
 """
 
 from numba import cuda, float32, int64, uint64
@@ -151,6 +152,6 @@ def make_launcher(kernel, name="gemm_double_buffered"):
     return gemm_double_buffered
 
 
-KERNEL = make_kernel()
+KERNEL = make_kernel(BM=128, BN=64, BK=8)
 SIGNATURE = FLAT_GEMM_SIGNATURE
 gemm_double_buffered = make_launcher(KERNEL)

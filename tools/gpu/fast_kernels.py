@@ -9,8 +9,10 @@ Compilation is spread over worker processes (Numba compiles one kernel at a time
 process); each worker checks its variants against float64 references (computed once by
 PyTorch on the GPU, same inputs as the timing) and odd-shaped cases (convlab.check), then
 times them while holding a lock, so that only one process uses the GPU while timing.
-Then the libraries again (drift), and a batch-size sweep (32/64/128) of the best
-kernels. Writes $OUT/fast_kernels.json; prints a compact table last.
+Then the libraries again (drift). Writes $OUT/fast_kernels.json and the per-layer best
+tile shapes as $OUT/tuned.json (the format of convlab.autotune.stored; point
+CONVLAB_TUNED at it and `python -m convlab bench` uses them); prints a compact table last.
+The batch-size sweep is part of `python -m convlab bench`.
 
 --quick: fewer variants (for a retry in little time).
 --dry: here, without a GPU: the simulator, tiny shapes, a fake clock, no CUDA C; finds
@@ -44,35 +46,27 @@ if DRY:
     GEMM_N = 40
 
 # ---- the variants: (group, name, kind, python expression building the launcher) ----
+# Run 1 (2026-11-29) timed the whole ladder; run 2 sweeps the tile shapes of the two
+# fastest families (conv07 pipelined Numba, conv09 CUDA C) after the launch-overhead fix
+# and writes the per-layer choice ($OUT/tuned.json) that `convlab bench` then uses.
 G = "from convlab.kernels import "
+G4 = "gemm04_double_buffered"
 VARIANTS = [
-    # GEMM ladder (Numba)
-    (0, "gemm02 128x128 8x8", "gemm", "gemm02_register_blocked.gemm_register_blocked"),
-    (0, "gemm03 v4 128x128x8", "gemm", "gemm03_vectorized.gemm_vectorized"),
-    (0, "gemm04 db 128x128x8", "gemm", "gemm04_double_buffered.gemm_double_buffered"),
-    (1, "gemm04 db 128x128x8 b2", "gemm",
-     "gemm04_double_buffered.make_launcher(gemm04_double_buffered.make_kernel(min_blocks=2))"),
-    (1, "gemm04 db 128x128x16", "gemm",
-     "gemm04_double_buffered.make_launcher(gemm04_double_buffered.make_kernel(BK=16))"),
-    (1, "gemm04 db 128x64x8", "gemm",
-     "gemm04_double_buffered.make_launcher(gemm04_double_buffered.make_kernel(BN=64))"),
-    # conv ladder (Numba)
-    (2, "conv04 regblock 4x8", "conv", "conv04_register_blocked.conv2d_register_blocked"),
-    (2, "conv05 igemm 64x128", "conv", "conv05_implicit_gemm.conv2d_implicit_gemm"),
-    (2, "conv06 igemm v4 64x128", "conv", "conv06_implicit_gemm_v4.conv2d_implicit_gemm_v4"),
+    (0, "gemm04 db 128x64x8", "gemm", f"{G4}.make_launcher({G4}.make_kernel(BN=64))"),
+    (0, "gemm04 db 128x64x16", "gemm", f"{G4}.make_launcher({G4}.make_kernel(BN=64, BK=16))"),
+    (0, "gemm04 db 64x128x8", "gemm", f"{G4}.make_launcher({G4}.make_kernel(BM=64))"),
+    (0, "gemm04 db 128x64x8 b3", "gemm",
+     f"{G4}.make_launcher({G4}.make_kernel(BN=64, min_blocks=3))"),
 ]
 C7 = "conv07_implicit_gemm_pipelined"
-for grp, args in ((3, "BM=64, BN=128"), (3, "BM=128, BN=128"), (4, "BM=128, BN=64"),
-                  (4, "BM=64, BN=64"), (5, "BM=128, BN=128, BK=16"),
-                  (5, "BM=64, BN=128, BK=16"), (6, "BM=128, BN=128, min_blocks=2"),
-                  (6, "BM=128, BN=64, BK=16")):
-    short = args.replace("BM=", "").replace(", BN=", "x").replace(", BK=", "x").replace(
-        ", min_blocks=", " b")
-    VARIANTS.append((grp, f"conv07 pipe {short}", "conv",
-                     f"{C7}.make_launcher({C7}.make_kernel({args}))"))
-CUDA_GROUP = 7
+for i, cfg in enumerate(("Config(64, 128, 8)", "Config(64, 128, 16)", "Config(128, 64, 8)",
+                         "Config(128, 64, 16)", "Config(64, 64, 8)", "Config(64, 64, 16)",
+                         "Config(128, 128, 8)", "Config(128, 128, 16)",
+                         "Config(128, 128, 8, min_blocks=2)", "Config(64, 128, 8, min_blocks=3)")):
+    VARIANTS.append((1 + i // 2, f"conv07 {cfg[7:-1]}", "conv", f"{C7}.launcher_for({C7}.{cfg})"))
+CUDA_GROUP = 9
 if QUICK or DRY:
-    VARIANTS = [v for v in VARIANTS if v[0] in (0, 2, 3)]
+    VARIANTS = [v for v in VARIANTS if v[0] in (0, 1)]
 
 
 def _setup():
@@ -180,6 +174,20 @@ def _init(lock):
     _LOCK = lock
 
 
+def host_us(launcher, args, kw, n=30):
+    """Python time per call (no synchronization inside the loop): if it approaches the
+    GPU time, back-to-back timing measures the launcher, not the kernel."""
+    from numba import cuda
+
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        launcher(*args, **kw)
+    dt = time.perf_counter() - t0
+    cuda.synchronize()
+    return 1e6 * dt / n
+
+
 def _regs(launcher):
     k = getattr(launcher, "kernel", None)
     try:
@@ -260,6 +268,8 @@ def run_group(items, meta):
                     r[f"{key}_ms"] = t.median_ms
                     r[f"{key}_spread"] = t.spread
                     r[f"{key}_tflops"] = t.tflops(flops)
+                    r[f"{key}_host_us"] = host_us(launcher, st, {} if kind == "gemm" else
+                                                  {"padding": 1})
             except Exception as e:  # noqa: BLE001
                 r["error"] = f"timing: {type(e).__name__}: {str(e)[:600]}"
     return res
@@ -321,66 +331,10 @@ def run_cuda_group(meta):
                     r[f"{name}_ms"] = t.median_ms
                     r[f"{name}_spread"] = t.spread
                     r[f"{name}_tflops"] = t.tflops(meta[name]["flops"])
+                    r[f"{name}_host_us"] = host_us(launcher, dev[name], {"padding": 1})
             except Exception as e:  # noqa: BLE001
                 r["error"] = f"timing: {type(e).__name__}: {str(e)[:600]}"
     return res
-
-
-# ---------------------------------------------------------------------------------------
-# Batch sweep of the best kernels (main process)
-
-
-def batch_sweep(best: dict, libs: dict):
-    """Time the best Numba and CUDA C variants per layer at batch 32/64/128 vs cuDNN."""
-    import torch
-
-    from convlab import bench, check, problems
-    from convlab import kernels as K  # noqa: N812
-    from convlab.runtime import cuda
-
-    out = {}
-    F = torch.nn.functional
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.benchmark = True
-    launchers = {}
-    for fam, (vname, expr) in best.items():
-        ns = {}
-        exec(G + expr.split(".")[0], vars(K), ns)  # noqa: S102
-        launchers[fam] = (vname, eval(expr, {**vars(K), **ns}))  # noqa: S307
-    rng = np.random.default_rng(5)
-    c = cuda()
-    for name in LAYERS:
-        for nb in ((1, 2) if DRY else (32, 64, 128)):
-            prob = problems.conv_layer(name).with_batch(nb)
-            x = check.random_array(prob.x_shape, rng)
-            w = check.random_array(prob.w_shape, rng)
-            xt, wt = torch.from_numpy(x).to(DEV), torch.from_numpy(w).to(DEV)
-            t = bench.time_gpu(functools.partial(F.conv2d, xt, wt, padding=1), warmup=5,
-                               repeat=10)
-            yref = F.conv2d(xt.double(), wt.double(), padding=1).cpu().numpy()
-            yabs = F.conv2d(xt.double().abs(), wt.double().abs(), padding=1).cpu().numpy()
-            row = {"cuDNN fp32": dict(ms=t.median_ms, tflops=t.tflops(prob.flops))}
-            xd, wd = c.to_device(x), c.to_device(w)
-            for fam, (vname, launch) in launchers.items():
-                yd = c.to_device(check.poisoned(prob.out_shape))
-                try:
-                    launch(xd, wd, yd, padding=1)
-                    c.synchronize()
-                    comp = check.compare(yd.copy_to_host(), yref, yabs, prob.C * 9)
-                    if not comp.ok:
-                        raise check.CheckError(comp.summary())
-                    tt = bench.time_gpu(launch, xd, wd, yd, padding=1, warmup=2, repeat=10,
-                                        group_ms=5)
-                    row[fam] = dict(variant=vname, ms=tt.median_ms,
-                                    tflops=tt.tflops(prob.flops), max_rel=comp.max_rel,
-                                    pct_cudnn=100 * t.median_ms / tt.median_ms)
-                except Exception as e:  # noqa: BLE001
-                    row[fam] = dict(variant=vname, error=f"{type(e).__name__}: {e}"[:400])
-            out[f"{name} batch {nb}"] = row
-            del xt, wt, xd, wd
-    if not DRY:
-        torch.cuda.empty_cache()
-    return out
 
 
 def main():
@@ -437,57 +391,68 @@ def main():
     print("cuDNN fp32 ms: " + "  ".join(f"{n} {base[n]:.4f}" for n in LAYERS) +
           f" | cuBLAS 4096 {cublas:.3f} ms "
           f"({libs['cuBLAS sgemm 4096']['tflops']:.1f} TF)")
-    print(f"{'variant':<34}{'l64 ms':>8}{'%':>5}{'l128 ms':>8}{'%':>5}{'l256 ms':>8}{'%':>5}"
-          f"{'geo%':>6}{'regs':>5}")
+    print(f"{'variant':<30}{'l64 ms':>8}{'%':>5}{'l128 ms':>8}{'%':>5}{'l256 ms':>8}{'%':>5}"
+          f"{'geo%':>6}{'regs':>5}{'host us':>8}")
     for k, v in variants.items():
         if v.get("kind") == "conv":
+            k = k.replace("conv09 cuda", "cuda").replace("conv07", "numba")
             if "error" in v:
-                print(f"{k:<34} ERROR {v['error'][:90]}")
+                print(f"{k:<30} ERROR {v['error'][:90]}")
                 continue
             cells = "".join(f"{v.get(f'{n}_ms', float('nan')):8.4f}"
                             f"{(v.get('pct_cudnn') or [0, 0, 0])[i]:5.0f}"
                             for i, n in enumerate(LAYERS))
-            print(f"{k:<34}{cells}{v.get('geomean_pct', 0):6.1f}{v.get('regs') or 0:5d}")
+            host = max(v.get(f"{n}_host_us", 0) for n in LAYERS)
+            print(f"{k:<30}{cells}{v.get('geomean_pct', 0):6.1f}{v.get('regs') or 0:5d}"
+                  f"{host:8.0f}")
     for k, v in variants.items():
         if v.get("kind") == "gemm":
             if "error" in v:
-                print(f"{k:<34} ERROR {v['error'][:90]}")
+                print(f"{k:<30} ERROR {v['error'][:90]}")
                 continue
-            print(f"{k:<34}{v.get('gemm4096_ms', float('nan')):8.3f} ms "
+            print(f"{k:<30}{v.get('gemm4096_ms', float('nan')):8.3f} ms "
                   f"{v.get('gemm4096_tflops', 0):6.1f} TF {v.get('pct_cublas', 0):5.1f}% cuBLAS"
                   f" regs {v.get('regs')}")
 
-    # best per family (by geomean), then the batch sweep
-    def best_of(prefix):
-        cands = [(v["geomean_pct"], k) for k, v in variants.items()
-                 if k.startswith(prefix) and "geomean_pct" in v]
-        return max(cands)[1] if cands else None
+    # the per-layer choice of each family -> $OUT/tuned.json (autotune.stored format)
+    from convlab import autotune, problems
+    from convlab import reference as ref
 
-    best = {}
-    b7 = best_of("conv07")
-    if b7:
-        best["numba best"] = (b7, variants[b7]["expr"])
-    b9 = best_of("conv09")
-    if b9:
-        cfg = variants[b9]["config"]
-        best["cuda best"] = (b9, "conv09_implicit_gemm_cuda.make_launcher("
-                                 "conv09_implicit_gemm_cuda.Config(" +
-                             ", ".join(f"{k}={v}" for k, v in cfg.items()) + "))")
-    if time.time() - T0 < 100:
-        try:
-            result["batch_sweep"] = batch_sweep(best, libs)
-        except Exception as e:  # noqa: BLE001
-            result["batch_sweep_error"] = traceback.format_exc()[-2000:]
-            log(f"batch sweep failed: {e!r}")
-    else:
-        result["batch_sweep_skipped"] = f"time {time.time() - T0:.0f}s"
+    tuned = {"numba": {}, "cuda": {}}
+    choice = {}
+    for name in LAYERS:
+        prob = problems.conv_layer(name)
+        key = autotune.problem_key(ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs))
+        for fam, prefix in (("numba", "conv07"), ("cuda", "conv09")):
+            cands = [(v[f"{name}_ms"], k) for k, v in variants.items()
+                     if k.startswith(prefix) and f"{name}_ms" in v and "error" not in v]
+            if not cands:
+                continue
+            ms, k = min(cands)
+            v = variants[k]
+            if fam == "cuda":
+                cfg = dict(v["config"])
+            else:
+                ns = {}
+                exec(G + C7, {}, ns)  # noqa: S102
+                c = eval(v["expr"].split("launcher_for(")[1][:-1].replace(C7 + ".", ""),  # noqa: S307
+                         vars(ns[C7]))
+                cfg = dict(BM=c.BM, BN=c.BN, BK=c.BK, TM=c.TM, TN=c.TN, min_blocks=c.min_blocks)
+            tuned[fam][key] = cfg
+            choice[f"{fam} {name}"] = dict(variant=k, ms=ms, pct_cudnn=100 * base[name] / ms)
+    result["tuned"] = tuned
+    result["tuned_choice"] = choice
+    with open(f"{OUT}/tuned.json", "w") as f:
+        json.dump({"tuned": tuned, "choice": choice}, f, indent=1)
     with open(f"{OUT}/fast_kernels.json", "w") as f:
         json.dump(result, f, indent=1, default=str)
-
-    for k, row in result.get("batch_sweep", {}).items():
-        print(f"{k:<22}" + "  ".join(
-            f"{fam} {d.get('ms', float('nan')):.4f} ({d.get('pct_cudnn', 100):.0f}%)"
-            for fam, d in row.items()))
+    for fam in ("numba", "cuda"):
+        pct = [choice[f"{fam} {n}"]["pct_cudnn"] for n in LAYERS if f"{fam} {n}" in choice]
+        if len(pct) == len(LAYERS):
+            print(f"tuned {fam}: " + "  ".join(
+                f"{n} {choice[f'{fam} {n}']['variant'][7:]} {choice[f'{fam} {n}']['ms']:.4f} ms"
+                f" ({p:.0f}%)" for n, p in zip(LAYERS, pct, strict=True)) +
+                f"  geomean {math.prod(pct) ** (1 / 3):.1f}% of cuDNN")
     other = [k for k, v in variants.items() if "error" in v and v.get("kind") not in
              ("conv", "gemm")]
     for k in other:
