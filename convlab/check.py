@@ -466,6 +466,44 @@ def check_conv2d_nhwc(fn, *, stride=True, padding=True, seed=None, runs: int = 2
                         seed=seed, runs=runs, quiet=quiet)
 
 
+def check_coalesced(fn, *args, max_sectors: float = 4.5, kinds=("load", "store"),
+                    quiet=False, **kwargs) -> str:
+    """Trace one launch of the GPU launcher ``fn(*args, **kwargs)`` (device arrays) with
+    `convlab.trace` and fail if, for a kind of global access, the warp requests average
+    more than `max_sectors` 32-byte sectors (32 consecutive floats take 4; a broadcast 1).
+
+    Works under the simulator and on a GPU (the tracer runs the kernel on the CPU).
+    """
+    from . import trace
+
+    name = _name(fn)
+    try:
+        with learner_call(fn):
+            t = trace.trace_launch(fn, *args, **kwargs)
+    except trace.TraceError as e:
+        raise CheckError(f"coalescing FAILED: {e} (not implemented yet?)") from None
+    stats = list(t.global_stats())
+    found = []
+    for kind in kinds:
+        rows = [r for r in stats if r["kind"] == kind]
+        if not rows:
+            raise CheckError(f"coalescing FAILED: {name} makes no global {kind}s "
+                             "(not implemented yet?)")
+        spr = t.sectors_per_request(kind)
+        found.append(f"{kind}s {spr:.1f}")
+        if not spr <= max_sectors:
+            worst = max(rows, key=lambda r: r["sectors_per_req"])
+            raise CheckError(
+                f"coalescing FAILED: {name}'s global {kind}s take {spr:.1f} sectors per warp "
+                f"request on average (at most {max_sectors} allowed; 32 neighbouring floats "
+                f"take 4); worst: {worst['site']} with {worst['sectors_per_req']:.1f}\n  hint: "
+                "give neighbouring threads (threadIdx.x) neighbouring addresses in memory")
+    line = f"✓ coalescing: {name}: sectors per warp request: " + ", ".join(found)
+    if not quiet:
+        print(line)
+    return line
+
+
 def filter2d_cases(rng, *, small=None, kernels=None):
     """Single-image, single-filter problems ('same' zero padding), odd sizes."""
     if small is None:

@@ -303,3 +303,17 @@ def test_nhwc_checker_accepts_a_correct_nhwc_kernel_and_rejects_nchw_weights():
 
     with pytest.raises(check.CheckError, match="wrong"):
         check.check_conv2d_nhwc(wrong_weight_layout, quiet=True)
+
+
+def test_coalescing_checker():
+    rng = np.random.default_rng(5)
+    c = cuda()
+    img = c.to_device(check.random_array((32, 64), rng))
+    taps = c.to_device(check.random_array((3, 3), rng))
+    out = c.device_array((32, 64), np.float32)
+    assert "loads" in check.check_coalesced(filter01_naive.filter2d_naive, img, taps, out,
+                                            quiet=True)
+    with pytest.raises(check.CheckError, match="sectors per warp"):
+        check.check_coalesced(filter01_naive.filter2d_naive_rows, img, taps, out)
+    with pytest.raises(check.CheckError, match="not implemented"):
+        check.check_coalesced(lambda a, k, o: None, img, taps, out)
