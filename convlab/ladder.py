@@ -363,22 +363,50 @@ def plot_ladder(result: dict, path=None):
 
 
 def plot_roofline(result: dict, path=None):
-    """Every timed version of every layer on this device's measured roofline."""
+    """fp32 versions of every layer on the roofline: colour = version, marker = layer.
+
+    The compute roof is the run's fp32 ceiling (the measured FMA rate, or the best fp32
+    rate of the run where a library beat it); tf32 / fp16 rows are left out (other roofs).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg") if path else None
     import matplotlib.pyplot as plt
 
-    pts = []
-    for lad in result["ladders"]:
-        ai = lad["flops"] / lad["bytes"]
-        short = lad["problem"].split(":")[0]
-        pts += [(f"{r['name']} ({short})", ai, r["tflops"]) for r in lad["rows"]]
     ce = result["ceilings"]
-    ax = bench.roofline(pts, ce["copy_gbps"], ce["fma_tflops"],
-                        title=f"{result['device']}: roofline")
+    peak = result.get("roofline_fp32_tflops", ce["fma_tflops"])
+    ax = bench.roofline([], ce["copy_gbps"], peak, title=f"{result['device']}: roofline (fp32)")
     fig = ax.figure
+    fig.set_size_inches(8, 4.6)
+    names = []
+    for lad in result["ladders"]:
+        for r in lad["rows"]:
+            if r["name"] not in names and r["name"] not in ("cuDNN tf32", "cuDNN fp16"):
+                names.append(r["name"])
+    colors = {n: plt.cm.tab20(i % 20) for i, n in enumerate(names)}
+    markers = "osD^v"
+    ais = [lad["flops"] / lad["bytes"] for lad in result["ladders"]]
+    ridge = peak * 1e12 / (ce["copy_gbps"] * 1e9)
+    ax.plot([ridge, max(ais + [ridge]) * 3], [peak, peak], "k-", lw=2)  # the roof, extended
+    if peak > ce["fma_tflops"]:
+        ax.set_title(f"{result['device']}: roofline (fp32)\ncompute roof = the best fp32 rate of "
+                     f"this run (the FMA test kernel reached {ce['fma_tflops']:.1f} TFLOP/s)",
+                     fontsize=9)
+    ax.set_ylim(top=peak * 2.5)
+    for i, lad in enumerate(result["ladders"]):
+        ai = lad["flops"] / lad["bytes"]
+        for r in lad["rows"]:
+            if r["name"] in colors:
+                ax.plot(ai * (1 + 0.03 * (names.index(r["name"]) - len(names) / 2)), r["tflops"],
+                        markers[i % len(markers)], color=colors[r["name"]], ms=6)
+    handles = [plt.Line2D([], [], color=colors[n], marker="o", ls="", label=n) for n in names]
+    handles += [plt.Line2D([], [], color="k", marker=markers[i % len(markers)], ls="",
+                           label=lad["problem"].split(":")[0])
+                for i, lad in enumerate(result["ladders"])]
+    ax.legend(handles=handles, fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)
-        plt.close(fig)
     return fig
 
 

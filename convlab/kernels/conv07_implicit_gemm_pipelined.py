@@ -206,7 +206,7 @@ class Config:
 # Candidate shapes for the autotuner (convlab.autotune) and the H200 sweep.
 CANDIDATES = [Config(64, 128, 8), Config(64, 128, 16), Config(128, 64, 8), Config(128, 64, 16),
               Config(64, 64, 8), Config(64, 64, 16), Config(128, 128, 8), Config(128, 128, 16),
-              Config(128, 128, 8, min_blocks=2)]
+              Config(128, 128, 8, min_blocks=2), Config(64, 128, 8, min_blocks=3)]
 _LAUNCHERS: dict = {}
 
 
