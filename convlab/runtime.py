@@ -156,6 +156,10 @@ def setup(mode: str | None = None) -> str:
             )
     elif mode == "sim":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    if mode == "sim":
+        # The simulator runs one OS thread per CUDA thread and spins on the GIL at
+        # syncthreads(); switching threads more often makes tiled kernels ~1.3-3x faster.
+        sys.setswitchinterval(min(sys.getswitchinterval(), 3e-4))
     else:
         os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     _state["mode"] = mode
