@@ -239,8 +239,9 @@ class _Unroller:
                 if isinstance(getattr(node, field, None), list):
                     setattr(node, field, self.visit_body(getattr(node, field)))
             it = node.iter if isinstance(node, ast.For) else None
-            if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
-                    and it.func.id == "unroll" and isinstance(node.target, ast.Name)):
+            fname = getattr(it.func, "id", getattr(it.func, "attr", None)) if isinstance(
+                it, ast.Call) else None
+            if fname == "unroll" and isinstance(node.target, ast.Name):
                 n = eval(compile(ast.Expression(it.args[0]), "<unroll>", "eval"),  # noqa: S307
                          self.env)
                 for k in range(int(n)):

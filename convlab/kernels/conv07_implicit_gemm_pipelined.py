@@ -52,6 +52,8 @@ def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
         raise ValueError("warp tiling needs at least 8x4 threads")
     WX = TX // 8
     LWX, LBM, LBN = _log2(WX, "warps along N"), _log2(BM), _log2(BN)
+    for v, what in ((BM, "BM"), (BN, "BN"), (TM, "TM"), (TN, "TN")):
+        _log2(v, what)  # masks replace % and //: powers of two only
     _log2(BK, "BK")
     A_LOADS, B_LOADS = BM * BK // NT, BK * BN // NT
     A_STEP, B_STEP = NT // BM, NT // BN  # slab rows between a thread's loads

@@ -53,6 +53,12 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int src_
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 }
+__device__ __forceinline__ void st_global_v4(float* gmem, const float* v) {
+    // one 128-bit store (the compiler, left alone, split the float4 store into four)
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :: "l"(__cvta_generic_to_global(gmem)), "f"(v[0]), "f"(v[1]), "f"(v[2]),
+                    "f"(v[3]) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
@@ -187,8 +193,7 @@ conv_igemm(const float* __restrict__ x, const float* __restrict__ wt, float* __r
             if (k >= K) continue;
             const float* v = &acc[i][half * 4];
             if (vec) {
-                *reinterpret_cast<float4*>(&y[((size_t)ib * K + k) * PQ + pb]) =
-                    make_float4(v[0], v[1], v[2], v[3]);
+                st_global_v4(&y[((size_t)ib * K + k) * PQ + pb], v);
             } else {
                 int im = ib, pp = pb;
 #pragma unroll

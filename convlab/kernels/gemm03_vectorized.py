@@ -29,6 +29,8 @@ def make_kernel(BM=128, BN=128, BK=8, TM=8, TN=8):
     NT = TX * TY
     HM, HN = TM // 2, TN // 2  # 4x4 sub-blocks
     LTX, LBK, LBN = _log2(TX), _log2(BK), _log2(BN)
+    for v, what in ((BM, "BM"), (BN, "BN"), (TM, "TM"), (TN, "TN")):
+        _log2(v, what)  # masks replace % and //: powers of two only
     AP = BM + 4  # padded row of the transposed A slab (keeps 16-byte alignment)
     A_LOADS, B_LOADS = BM * BK // NT, BK * BN // NT
     if A_LOADS < 1 or B_LOADS < 1 or HM < 1 or HN < 1:

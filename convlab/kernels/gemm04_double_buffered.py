@@ -46,6 +46,8 @@ def make_kernel(BM=128, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
         raise ValueError("warp tiling needs at least 8x4 threads")
     WX = TX // 8  # warps along the columns of the tile
     LWX, LBK, LBN = _log2(WX, "warps along N"), _log2(BK), _log2(BN)
+    for v, what in ((BM, "BM"), (BN, "BN"), (TM, "TM"), (TN, "TN")):
+        _log2(v, what)  # masks replace % and //: powers of two only
     AP = BM + 4
     A_LOADS, B_LOADS = BM * BK // NT, BK * BN // NT
     HALF_M, HALF_N = BM // 2, BN // 2

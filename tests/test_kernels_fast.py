@@ -1,0 +1,331 @@
+"""The fast kernels of lessons 07-09: register-blocked GEMMs, implicit-GEMM convolutions
+(Numba and CUDA C), the unroller, launch plans, the autotuner and `convlab bench`'s tables.
+
+Under the simulator (CI): every new GEMM passes check_gemm on odd shapes; small tile
+shapes of the conv factories pass check_conv2d with stride / padding / dilation (the
+module launchers are checked by tests/test_kernels.py through CONV_LADDER); refusals are
+clear; the PTX has the instructions the lessons promise (compiled without a GPU); the CUDA
+C source compiles with NVRTC (no GPU). The `gpu` tests check real sizes against cuDNN.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from convlab import check
+from convlab.kernels import (
+    GEMM_LADDER,
+    Unsupported,
+    conv04_register_blocked,
+    conv07_implicit_gemm_pipelined,
+    conv08_implicit_gemm_tuned,
+    conv09_implicit_gemm_cuda,
+    gemm03_vectorized,
+    gemm04_double_buffered,
+)
+from convlab.kernels import _blocking as blk
+from convlab.runtime import cuda, is_simulator
+
+C7, C9 = conv07_implicit_gemm_pipelined, conv09_implicit_gemm_cuda
+NEW_GEMMS = ["register_blocked", "vectorized", "double_buffered"]
+
+# ---------------------------------------------------------------------------------------
+# GEMM ladder
+
+
+@pytest.mark.parametrize("name", NEW_GEMMS)
+def test_gemm_passes_checker(name):
+    check.check_gemm(GEMM_LADDER[name], quiet=True)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: gemm03_vectorized.make_launcher(gemm03_vectorized.make_kernel(64, 32, 8, 4, 4)),
+    lambda: gemm04_double_buffered.make_launcher(
+        gemm04_double_buffered.make_kernel(32, 32, 16, 4, 4)),
+])
+def test_gemm_factories_other_tiles(make):
+    check.check_gemm(make(), quiet=True)
+
+
+@pytest.mark.parametrize("name", NEW_GEMMS)
+def test_gemm_refusals(name):
+    c = cuda()
+    fn = GEMM_LADDER[name]
+    a = c.to_device(np.ones((5, 7), np.float32))
+    b = c.to_device(np.ones((6, 3), np.float32))
+    with pytest.raises(ValueError, match="inner sizes differ"):
+        fn(a, b, c.to_device(np.zeros((5, 3), np.float32)))
+    with pytest.raises(TypeError, match="float32"):
+        fn(c.to_device(np.ones((5, 7))), c.to_device(np.ones((7, 3), np.float32)),
+           c.to_device(np.zeros((5, 3), np.float32)))
+    with pytest.raises(ValueError, match="expected"):
+        fn(a, c.to_device(np.ones((7, 3), np.float32)), c.to_device(np.zeros((3, 5),
+                                                                              np.float32)))
+
+
+def test_gemm_factory_refuses_bad_tiles():
+    with pytest.raises(ValueError, match="power of two"):
+        gemm03_vectorized.make_kernel(96, 64)
+    with pytest.raises(ValueError, match="warp tiling"):
+        gemm04_double_buffered.make_kernel(16, 16, 8, 4, 4)
+
+
+# ---------------------------------------------------------------------------------------
+# Convolutions
+
+
+def test_conv07_small_tiles_pass_checker():
+    """The pipelined kernel's code on tiles small enough for the simulator."""
+    check.check_conv2d(C7.launcher_for(C7.Config(32, 32, 8, 4, 4)), dilation=True, quiet=True)
+
+
+def test_conv07_channels_not_a_multiple_of_the_slab():
+    """BK = 16 with C = 3, 5, 7, 13: the zero-padded channels must not leak in."""
+    check.check_conv2d(C7.launcher_for(C7.Config(32, 64, 16, 4, 4)), quiet=True, runs=1)
+
+
+def test_conv07_refuses_tiles_it_cannot_load():
+    with pytest.raises(ValueError, match="threads"):
+        C7.make_kernel(BM=128, BN=128, TM=16, TN=16)
+    with pytest.raises(ValueError, match="power of two"):
+        C7.make_kernel(BM=96)
+
+
+def test_conv04_refuses_large_filters_clearly():
+    c = cuda()
+    x = c.to_device(np.ones((1, 1, 12, 12), np.float32))
+    w = c.to_device(np.ones((1, 1, 9, 9), np.float32))
+    out = c.to_device(np.zeros((1, 1, 4, 4), np.float32))
+    with pytest.raises(Unsupported, match="49 taps"):
+        conv04_register_blocked.conv2d_register_blocked(x, w, out)
+
+
+def test_conv08_choice_small_under_simulator_and_table_on_gpu():
+    from convlab import reference as ref
+
+    p = ref.conv_params((32, 128, 28, 28), (128, 128, 3, 3), padding=1)
+    cfg = conv08_implicit_gemm_tuned.choose(p)
+    if is_simulator():
+        assert (cfg.BM, cfg.BN) == (32, 32)
+    else:
+        assert cfg.BM * cfg.BN >= 64 * 64
+
+
+def test_conv_plan_is_cached_and_revalidated():
+    c = cuda()
+    x = c.to_device(check.random_array((1, 3, 9, 9), np.random.default_rng(0)))
+    w = c.to_device(check.random_array((4, 3, 3, 3), np.random.default_rng(1)))
+    out = c.to_device(np.zeros((1, 4, 9, 9), np.float32))
+    args = ("t", x, w, out, 1, 1, 1, 1, 32, 32, 8)
+    p1 = blk.conv_plan(*args)
+    assert blk.conv_plan(*args) is p1 and p1.Cp == 8
+    x64 = c.to_device(np.ones((1, 3, 9, 9)))
+    with pytest.raises(TypeError, match="float32"):
+        blk.conv_plan("t", x64, w, out, 1, 1, 1, 1, 32, 32, 8)
+    v = blk.flat(x)
+    assert blk.flat(x) is v and v.shape == (243,)
+
+
+def test_unroller_writes_the_loop_out():
+    K = 3
+
+    def f(a):
+        s = 0
+        for k in blk.unroll(K):
+            for j in range(2):
+                s += a[k] * (j + 1)
+        return s
+
+    g = blk.unrolled(f)
+    assert "unroll" not in g.unrolled_source and g.unrolled_source.count("a[2]") == 1
+    assert g([1, 10, 100]) == f([1, 10, 100]) == 333
+
+
+def test_gemm04_source_is_unrolled():
+    src = gemm04_double_buffered.KERNEL.py_func.unrolled_source
+    bk = gemm04_double_buffered.KERNEL.tile["BK"]
+    assert f"As[buf, {bk - 1}, am + i]" in src and "unroll(" not in src
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA C (RawKernel): configurations, choice, NVRTC without a GPU
+
+
+def test_cuda_config_validation():
+    assert C9.Config(128, 64, 16, 3, 2, SPLIT_K=2).validate()
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        C9.Config(SPLIT_K=3).validate()
+    with pytest.raises(ValueError, match="48 KB"):
+        C9.Config(128, 128, 16, 4).validate()
+    with pytest.raises(ValueError, match="BN >= 64"):
+        C9.Config(128, 32).validate()
+    assert all(c.validate() for c in C9.CANDIDATES)
+
+
+def test_cuda_choice_rule_and_table(tmp_path, monkeypatch):
+    from convlab import autotune
+    from convlab import reference as ref
+
+    monkeypatch.setenv("CONVLAB_TUNED", str(tmp_path / "none.json"))
+    l64 = ref.conv_params((32, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    l256 = ref.conv_params((32, 256, 14, 14), (256, 256, 3, 3), padding=1)
+    assert C9.choose(l64).BM == 64
+    assert C9.choose(l256).SPLIT_K == 2  # 98 tiles of 128x64 for 132 SMs: split
+    table = {"tuned": {"cuda": {autotune.problem_key(l64): dict(
+        BM=128, BN=128, BK=8, STAGES=4, MINB=2, SPLIT_K=1)}}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    monkeypatch.setenv("CONVLAB_TUNED", str(tmp_path / "t.json"))
+    assert C9.choose(l64) == C9.Config(128, 128, 8, 4, 2)
+
+
+def test_cuda_refuses_groups_before_needing_cupy():
+    c = cuda()
+    x = c.to_device(np.ones((1, 4, 5, 5), np.float32))
+    w = c.to_device(np.ones((4, 2, 3, 3), np.float32))
+    out = c.to_device(np.zeros((1, 4, 3, 3), np.float32))
+    with pytest.raises(Unsupported, match="groups=2"):
+        C9.conv2d_implicit_gemm_cuda(x, w, out, groups=2)
+
+
+def _nvrtc_available():
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _nvrtc_available(), reason="cuda-python's NVRTC not installed")
+def test_cuda_source_compiles_with_nvrtc_without_gpu():
+    ptx = C9.compile_ptx([C9.DEFAULT, C9.Config(64, 64, 16, 3, 4)])
+    assert ptx.count(".entry") == 3  # two tile shapes + the filter transform
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
+    assert "ld.shared.v4.f32" in ptx and "st.global.v4.f32" in ptx
+    assert "fma.rn.f32" in ptx and "ld.local" not in ptx
+
+
+@pytest.mark.skipif(not _nvrtc_available(), reason="cuda-python's NVRTC not installed")
+def test_nvrtc_errors_are_reported(monkeypatch):
+    monkeypatch.setattr(C9, "CUDA_SOURCE", C9.CUDA_SOURCE + "\nthis is not C++;\n")
+    with pytest.raises(RuntimeError, match="NVRTC compile failed"):
+        C9.compile_ptx([C9.DEFAULT])
+
+
+# ---------------------------------------------------------------------------------------
+# PTX facts (compiled for sm_90 without a GPU, in a fresh process in GPU mode)
+
+PTX = r"""
+    import convlab; convlab.setup('gpu')
+    from numba import cuda
+    from convlab.kernels import (gemm02_register_blocked as g2, gemm03_vectorized as g3,
+        gemm04_double_buffered as g4, conv05_implicit_gemm as c5, conv06_implicit_gemm_v4 as c6,
+        conv07_implicit_gemm_pipelined as c7)
+
+    def ptx(mod):
+        k = mod.KERNEL
+        return cuda.compile_ptx(k.py_func, mod.SIGNATURE, cc=(9, 0),
+                                launch_bounds=k.targetoptions.get("launch_bounds"))[0]
+
+    for mod in (g2, g3, g4, c5, c6, c7):
+        p = ptx(mod)
+        name = mod.__name__.split(".")[-1]
+        assert "ld.local" not in p and "st.local" not in p, name + ": local memory"
+        assert "fma.rn.f32" in p, name + ": no fma"
+        v4 = p.count("ld.shared.v4.f32")
+        if mod in (g2, c5):
+            assert v4 == 0, name + ": the plain step should read 32 bits at a time"
+        else:
+            assert v4 >= 4, name + ": no 128-bit shared-memory reads"
+        print(name, v4, p.count("fma.rn.f32"))
+    print("ptx ok")
+"""
+
+
+def test_ptx_facts_of_the_fast_kernels():
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(PTX)], capture_output=True,
+                       text=True, timeout=600, env={**os.environ, "CONVLAB_MODE": "gpu"})
+    assert r.returncode == 0 and "ptx ok" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------
+# Autotuner and the bench tables
+
+
+def test_autotune_checks_candidates_and_reports_a_wrong_one():
+    from convlab import autotune, problems
+
+    def make(cfg):
+        if cfg == "broken":
+            def wrong(x, w, out, **kw):
+                C7.launcher_for(C7.Config(32, 32, 8, 4, 4))(x, w, out, **kw)
+                out[0, 0, 0, 0] = 1e6  # (a device array in GPU mode, a host one in sim)
+            wrong.device = True
+            return wrong
+        return C7.launcher_for(cfg)
+
+    prob = problems.conv_layer("resnet256", real=False)
+    res = autotune.tune(make, [C7.Config(32, 32, 8, 4, 4), "broken"], prob)
+    ok = {str(t.config): t.ok for t in res.trials}
+    assert ok == {"32x32x8 t4x4": True, "broken": False}
+    assert "wrong" in res.trials[1].error
+    if is_simulator():
+        assert not res.timed and res.best is None and "not timed" in res.table()
+
+
+def test_stored_results_print_and_plot(tmp_path, capsys):
+    from convlab import bench, ladder
+
+    stored = bench.stored_results()
+    assert stored["device"] and stored["date"] and stored["versions"]
+    names = {r["name"] for lad in stored["ladders"] for r in lad["rows"]}
+    assert {"implicit_gemm_tuned", "implicit_gemm_cuda", "cuDNN fp32"} <= names
+    for lad in stored["ladders"]:
+        assert all(r["max_rel_err"] < 1e-3 for r in lad["rows"])  # every row was checked
+    ladder.print_results(stored)
+    text = capsys.readouterr().out
+    assert "% roof" in text and "% cuBLAS" in text and "batch sweep" in text
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert ladder.save_results(stored, tmp_path)[-1].name == "batch_sweep.png"
+
+
+# ---------------------------------------------------------------------------------------
+# On a GPU: real sizes against cuDNN
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["implicit_gemm_tuned", "implicit_gemm_cuda"])
+def test_fast_conv_real_layer_vs_cudnn(name):
+    torch = pytest.importorskip("torch")
+    from convlab.kernels import CONV_LADDER
+
+    if name not in CONV_LADDER:
+        pytest.skip("CuPy missing")
+    torch.backends.cudnn.allow_tf32 = False
+    rng = np.random.default_rng(3)
+    for shape, kw in (((8, 128, 28, 28), dict(padding=1)), ((4, 64, 57, 43), dict(
+            stride=2, padding=2, dilation=2))):
+        x = check.random_array(shape, rng)
+        w = check.random_array((96, shape[1], 3, 3), rng)
+        y = torch.nn.functional.conv2d(torch.from_numpy(x).cuda().double(),
+                                       torch.from_numpy(w).cuda().double(), **kw)
+        c = cuda()
+        out = c.to_device(check.poisoned(tuple(y.shape)))
+        CONV_LADDER[name](c.to_device(x), c.to_device(w), out, **kw)
+        got = out.copy_to_host()
+        ref = y.cpu().numpy()
+        assert np.isfinite(got).all()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_cuda_split_k_is_reproducible():
+    pytest.importorskip("cupy")
+    launch = C9.make_launcher(C9.Config(128, 64, 8, 3, 2, SPLIT_K=2))
+    check.check_conv2d(launch, dilation=True, quiet=True)
