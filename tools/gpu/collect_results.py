@@ -50,6 +50,8 @@ def main():
     ap.add_argument("run")
     ap.add_argument("--sweep", default=None)
     ap.add_argument("--run1", default=None, help="run 1's fast_kernels.json folder (CPU-bound)")
+    ap.add_argument("--previous", default=None,
+                    help="an earlier bench run's folder: its rows are kept (run-to-run spread)")
     ap.add_argument("--commit", default="")
     ap.add_argument("--command", default="")
     args = ap.parse_args()
@@ -71,6 +73,18 @@ def main():
                  "built views on every call; back-to-back calls were limited by Python "
                  "(about 0.4 ms per call), not by the GPU",
             variants=sweep_summary(r1))
+    if args.previous:
+        prev = json.loads((Path(args.previous) / "bench" / "ladder.json").read_text())
+        result["previous_run"] = dict(
+            note="the same bench on another H200 machine earlier the same day (before the "
+                 "last kernel edits: the CUDA C epilogue's explicit 128-bit stores, new "
+                 "fallback tile rules, the 128x64x16 GEMM default); rows differ by up to "
+                 "~10% between machines (some older steps more)",
+            date=prev.get("date"), ceilings=prev.get("ceilings"),
+            ladders=[dict(problem=lad["problem"], rows={r["name"]: dict(
+                ms=r["ms"], pct_of_baseline=r["pct_of_baseline"]) for r in lad["rows"]})
+                for lad in prev["ladders"]],
+            gemm_ladder=prev.get("gemm_ladder"), batch_sweep=prev.get("batch_sweep"))
     # the must-show numbers, recomputed from the ladder
     summary = {}
     for fam in ("implicit_gemm_tuned", "implicit_gemm_cuda"):
