@@ -383,13 +383,15 @@ def plot_timings(rows, title="", unit="ms", log=True, baseline=None):
     if log:
         ax.set_xscale("log")
     for yi, r, m in zip(y, rows, ms, strict=True):
-        txt = f" {m:.3g} {unit}"
+        txt = (f" {m / 1e3:,.1f} s" if unit == "ms" and m >= 1e3 else f" {m:.3g} {unit}")
         if len(r) > 2 and r[2] is not None:
             txt += f", {r[2]:.3g} GFLOP/s"
         if base is not None:
-            txt += f", {base / m:.3g}× {baseline}"
+            ratio = base / m
+            txt += f", ×{ratio:,.0f}" if ratio >= 10 else f", ×{ratio:.2g}"
         ax.text(m, yi, txt, va="center", fontsize=8)
-    ax.set_xlabel(f"time ({unit}, {'log scale' if log else 'linear'})")
+    ax.set_xlabel(f"time ({unit}, {'log scale' if log else 'linear'})"
+                  + (f"; ×: speed-up over {baseline}" if base is not None else ""))
     ax.set_xlim(right=ms.max() * (30 if log else 1.6))
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
