@@ -27,6 +27,7 @@ class ConvProblem:
     stride: int = 1
     padding: int = 1
     dilation: int = 1
+    groups: int = 1  # C for a depthwise layer
 
     @property
     def x_shape(self):
@@ -34,11 +35,14 @@ class ConvProblem:
 
     @property
     def w_shape(self):
-        return (self.K, self.C, self.R, self.S)
+        return (self.K, self.C // self.groups, self.R, self.S)
 
     @property
     def kwargs(self) -> dict:
-        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation)
+        kw = dict(stride=self.stride, padding=self.padding, dilation=self.dilation)
+        if self.groups != 1:
+            kw["groups"] = self.groups
+        return kw
 
     @property
     def out_shape(self):
@@ -133,3 +137,34 @@ def cpu_sizes(real: bool | None = None) -> dict:
         return dict(copy_mb=512, gemm=2048, cnn_batch=8, cnn_side=224,
                     batches=(1, 2, 4, 8, 16, 32, 64, 128))
     return dict(copy_mb=32, gemm=384, cnn_batch=2, cnn_side=64, batches=(1, 2, 4, 8))
+
+
+# Lessons 10-11: the pipeline's work and the memory-bound depthwise layers.
+
+
+def pipeline_sizes(real: bool | None = None) -> dict:
+    """Lesson 10's pipeline: JPEGs per batch, batches, the decoded image side, the GPU
+    stage's conv (7x7 stride 2 from 3 channels to `k` channels) and decode threads."""
+    real = (not _sim()) if real is None else real
+    if real:
+        return dict(batch=32, batches=12, side=224, k=32, threads=None)
+    return dict(batch=2, batches=3, side=20, k=2, threads=2)
+
+
+# Depthwise 3x3 (groups = channels) at batch 32: MobileNet-like layers, memory-bound.
+GPU_DEPTHWISE = {
+    "dw512": ConvProblem("depthwise 512ch 14x14", 32, 512, 14, 14, 512, groups=512),
+    "dw32": ConvProblem("depthwise 32ch 112x112", 32, 32, 112, 112, 32, groups=32),
+}
+SIM_DEPTHWISE = {
+    "dw512": ConvProblem("depthwise 512ch 14x14 (sim: 6ch 7x7)", 1, 6, 7, 7, 6, groups=6),
+    "dw32": ConvProblem("depthwise 32ch 112x112 (sim: 2ch 13x15)", 1, 2, 13, 15, 2, groups=2),
+}
+
+
+def depthwise_layer(name: str, real: bool | None = None) -> ConvProblem:
+    """A depthwise layer (w is (C, 1, 3, 3), groups = C), real-sized on a GPU."""
+    table = GPU_DEPTHWISE if (not _sim() if real is None else real) else SIM_DEPTHWISE
+    if name not in table:
+        raise KeyError(f"unknown depthwise layer {name!r}; known: {', '.join(table)}")
+    return table[name]
