@@ -148,7 +148,7 @@ def pipeline_sizes(real: bool | None = None) -> dict:
     real = (not _sim()) if real is None else real
     if real:
         return dict(batch=32, batches=12, side=224, k=32, threads=None)
-    return dict(batch=2, batches=3, side=20, k=2, threads=2)
+    return dict(batch=2, batches=3, side=12, k=2, threads=2)
 
 
 # Depthwise 3x3 (groups = channels) at batch 32: MobileNet-like layers, memory-bound.

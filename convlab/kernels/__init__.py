@@ -20,12 +20,14 @@ from . import (  # noqa: E402
     conv07_implicit_gemm_pipelined,
     conv08_implicit_gemm_tuned,
     conv09_implicit_gemm_cuda,
+    depthwise01_direct,
     filter01_naive,
     filter02_tiled,
     gemm01_tiled,
     gemm02_register_blocked,
     gemm03_vectorized,
     gemm04_double_buffered,
+    separable01_rows_cols,
 )
 from ._launch import Unsupported, ceil_div  # noqa: E402
 from .conv01_naive import conv2d_naive  # noqa: E402
@@ -37,12 +39,14 @@ from .conv06_implicit_gemm_v4 import conv2d_implicit_gemm_v4  # noqa: E402
 from .conv07_implicit_gemm_pipelined import conv2d_implicit_gemm_pipelined  # noqa: E402
 from .conv08_implicit_gemm_tuned import conv2d_implicit_gemm_tuned  # noqa: E402
 from .conv09_implicit_gemm_cuda import conv2d_implicit_gemm_cuda  # noqa: E402
+from .depthwise01_direct import conv2d_depthwise  # noqa: E402
 from .filter01_naive import filter2d_naive  # noqa: E402
 from .filter02_tiled import filter2d_tiled  # noqa: E402
 from .gemm01_tiled import gemm_tiled  # noqa: E402
 from .gemm02_register_blocked import gemm_register_blocked  # noqa: E402
 from .gemm03_vectorized import gemm_vectorized  # noqa: E402
 from .gemm04_double_buffered import gemm_double_buffered  # noqa: E402
+from .separable01_rows_cols import filter2d_separable  # noqa: E402
 
 # The conv ladder, in the order the lessons build it: name -> launcher.
 CONV_LADDER = {
@@ -83,6 +87,8 @@ MODULES = {
     "gemm_register_blocked": gemm02_register_blocked,
     "gemm_vectorized": gemm03_vectorized,
     "gemm_double_buffered": gemm04_double_buffered,
+    "depthwise": depthwise01_direct,
+    "separable_cols": separable01_rows_cols,
 }
 
 # Single-channel image filters ('same' zero padding): filter2d_<name>(image, kernel, out).
@@ -97,6 +103,19 @@ GEMM_LADDER = {
     "register_blocked": gemm_register_blocked,
     "vectorized": gemm_vectorized,
     "double_buffered": gemm_double_buffered,
+}
+
+
+# Depthwise 3x3 convolutions (groups = channels, w (C, 1, R, S)), lesson 11: same signature
+# as the conv launchers.
+DEPTHWISE_LADDER = {
+    "direct": conv2d_depthwise,
+}
+
+# Separable filters as two 1-D passes, lesson 11:
+# filter2d_<name>(image (H, W), col_taps (R,), row_taps (S,), out (H, W)).
+SEPARABLE_LADDER = {
+    "rows_cols": filter2d_separable,
 }
 
 
@@ -123,4 +142,5 @@ __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupporte
            "conv2d_implicit_gemm", "conv2d_implicit_gemm_v4", "conv2d_implicit_gemm_pipelined",
            "conv2d_implicit_gemm_tuned", "conv2d_implicit_gemm_cuda", "gemm_register_blocked",
            "gemm_vectorized", "gemm_double_buffered", "conv08_implicit_gemm_tuned",
-           "conv09_implicit_gemm_cuda"]
+           "conv09_implicit_gemm_cuda", "DEPTHWISE_LADDER", "SEPARABLE_LADDER", "conv2d_depthwise",
+           "filter2d_separable"]
