@@ -15,17 +15,22 @@ def test_general_versions_pass_the_checker_with_stride_padding_dilation(fn):
     check.check_conv2d(fn, dilation=True, seed=1, quiet=True)
 
 
-def test_blocked_passes_the_checker_on_what_it_supports():
-    check.check_conv2d(cpu.conv2d_blocked, stride=False, seed=2, quiet=True)
+BLOCKED = [cpu.conv2d_blocked, cpu.conv2d_blocked_flat]
 
 
+@pytest.mark.parametrize("fn", BLOCKED, ids=lambda f: f.__name__)
+def test_blocked_passes_the_checker_on_what_it_supports(fn):
+    check.check_conv2d(fn, stride=False, seed=2, quiet=True)
+
+
+@pytest.mark.parametrize("fn", BLOCKED, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("K", [1, 3, 5, 8, 9])
 @pytest.mark.parametrize("rows", [1, 3, 7, 100])
-def test_blocked_filter_tail_and_row_tiles(K, rows):
+def test_blocked_filter_tail_and_row_tiles(fn, K, rows):
     rng = np.random.default_rng(K * 100 + rows)
     x = check.random_array((2, 3, 11, 13), rng)
     w = check.random_array((K, 3, 5, 3), rng)  # 5 rows, 3 wide: any R works
-    y = cpu.conv2d_blocked(x, w, padding=(2, 1), rows=rows)
+    y = fn(x, w, padding=(2, 1), rows=rows)
     expect = ref.conv2d(x.astype(np.float64), w.astype(np.float64), padding=(2, 1))
     assert y.shape == expect.shape and y.dtype == np.float32
     assert np.allclose(y, expect, rtol=1e-5, atol=1e-5)
@@ -37,10 +42,11 @@ def test_blocked_filter_tail_and_row_tiles(K, rows):
     (dict(), (4, 3, 3, 5)),      # 5 wide
     (dict(groups=3), (3, 1, 3, 3)),
 ])
-def test_blocked_refuses_what_it_does_not_support(kw, w_shape):
+@pytest.mark.parametrize("fn", BLOCKED, ids=lambda f: f.__name__)
+def test_blocked_refuses_what_it_does_not_support(fn, kw, w_shape):
     x = np.ones((1, 3, 9, 9), np.float32)
     with pytest.raises(Unsupported):
-        cpu.conv2d_blocked(x, np.ones(w_shape, np.float32), **kw)
+        fn(x, np.ones(w_shape, np.float32), **kw)
 
 
 @pytest.mark.parametrize("fn", GENERAL, ids=lambda f: f.__name__)
