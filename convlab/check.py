@@ -823,3 +823,115 @@ def check_partition(fn, *, seed=None, quiet=False) -> str:
             raise CheckError(f"{task} FAILED on {label}: sizes {sizes} differ by more than one: "
                              "the biggest part decides when all workers are done")
     return _pass(task, len(cases), quiet)
+
+
+# ----------------------------------------------------------------------------------------
+# Lessons 07-09: one problem of the lesson's choosing; traffic and bank conflicts, traced
+
+
+def check_conv2d_case(fn, x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                      device=None, seed=None, runs: int = 2, precision="fp32",
+                      quiet=False) -> str:
+    """Check a conv2d implementation on one problem of the caller's choosing.
+
+    Same checks as `check_conv2d` (fresh random non-uniform data, a poisoned output, NaN
+    and Inf fail, run `runs` times for races, traced for shared-memory races under the
+    simulator), on x of `x_shape` and w of `w_shape`. For lessons that run a kernel on one
+    small shape; graded tasks use `check_conv2d`, whose shapes the checker picks.
+    """
+    rng = np.random.default_rng(seed)
+    kw = dict(stride=stride, padding=padding)
+    if ref.pair(dilation) != (1, 1):
+        kw["dilation"] = dilation
+    if groups != 1:
+        kw["groups"] = groups
+    x, w = random_array(tuple(x_shape), rng), random_array(tuple(w_shape), rng)
+    p = ref.conv_params(x.shape, w.shape, **kw)
+    case = dict(inputs=[x, w], kwargs=kw, reduction=p.reduction,
+                expected=ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw),
+                absref=ref.conv2d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64),
+                                  **kw),
+                label=f"x{tuple(x_shape)} w{tuple(w_shape)} "
+                      + " ".join(f"{k}={v}" for k, v in kw.items()))
+    return _run_cases("conv2d", fn, [case], device, runs, quiet, precision)
+
+
+def _trace_answer(what: str, fn, args, kwargs):
+    from . import trace
+
+    try:
+        with learner_call(fn):
+            return trace.trace_launch(fn, *args, **kwargs)
+    except trace.TraceError as e:
+        raise CheckError(f"{what} FAILED: {e} (not implemented yet?)") from None
+
+
+def global_traffic(t) -> dict:
+    """From a `convlab.trace` Trace: global loads (one per thread per element), and the
+    distinct elements stored into each global array."""
+    stats = list(t.global_stats())
+    loaded = sorted({r["array"] for r in stats if r["kind"] == "load"})
+    stored = sorted({r["array"] for r in stats if r["kind"] == "store"})
+    return dict(loads=int(sum(int(t.load_counts(a).sum()) for a in loaded)),
+                stored={a: int((t.load_counts(a, kind="store") > 0).sum()) for a in stored})
+
+
+def check_global_loads(fn, *args, max_per_output: float, only_output: bool = True,
+                       quiet=False, **kwargs) -> str:
+    """Trace one launch of the GPU launcher ``fn(*args, **kwargs)`` and fail if its kernels
+    load more than `max_per_output` values from global memory per output element (every
+    load of every thread counts: caches are not modelled), or, with `only_output`, if they
+    write any global array besides one output (an im2col matrix, say).
+
+    Register blocking and tiling show up here: a thread that computes several outputs
+    from one loaded value divides the loads per output.
+    """
+    name = _name(fn)
+    t = _trace_answer("global loads", fn, args, kwargs)
+    tr = global_traffic(t)
+    if not tr["stored"]:
+        raise CheckError(f"global loads FAILED: {name} stores nothing to global memory "
+                         "(not implemented yet?)")
+    if only_output and len(tr["stored"]) > 1:
+        extra = ", ".join(f"{a} ({n} elements)" for a, n in tr["stored"].items())
+        raise CheckError(f"global loads FAILED: {name} writes {len(tr['stored'])} global "
+                         f"arrays: {extra}; only the output should be written (build "
+                         "intermediate tiles in shared memory or registers instead)")
+    outputs = sum(tr["stored"].values())
+    per = tr["loads"] / outputs
+    if not per <= max_per_output:
+        raise CheckError(
+            f"global loads FAILED: {name} loads {per:.2f} values from global memory per output "
+            f"({tr['loads']} loads for {outputs} outputs; at most {max_per_output:g} allowed)"
+            "\n  hint: let each thread compute several outputs from every value it loads "
+            "(register blocking), or stage what a block shares in shared memory")
+    line = f"✓ global loads: {name}: {per:.2f} per output (at most {max_per_output:g})"
+    if not quiet:
+        print(line)
+    return line
+
+
+def check_bank_conflicts(fn, *args, max_ways: float = 1.0, kind="load", quiet=False,
+                         **kwargs) -> str:
+    """Trace one launch of ``fn(*args, **kwargs)`` and fail if its shared-memory accesses
+    of `kind` ('load', 'store' or None for both) average more than `max_ways` wavefronts
+    per request phase (1.0: conflict-free; 4-byte accesses, as the tracer sees them)."""
+    name = _name(fn)
+    what = {"load": "loads", "store": "stores"}.get(kind, "accesses")
+    t = _trace_answer("bank conflicts", fn, args, kwargs)
+    rows = [r for r in t.shared_stats() if kind is None or r["kind"] == kind]
+    if not rows:
+        raise CheckError(f"bank conflicts FAILED: {name} makes no shared-memory {what} "
+                         "(not implemented yet?)")
+    ways = t.bank_conflicts(kind=kind)
+    if not ways <= max_ways:
+        worst = max(rows, key=lambda r: r["ways"])
+        raise CheckError(
+            f"bank conflicts FAILED: {name}'s shared-memory {what} are "
+            f"{ways:.2f}-way on average (at most {max_ways:g} allowed); worst: {worst['site']} "
+            f"({worst['ways']:.1f}-way)\n  hint: within a warp, threads that read different "
+            "words should read different banks (word address mod 32)")
+    line = f"✓ bank conflicts: {name}: shared-memory {what} {ways:.2f}-way on average"
+    if not quiet:
+        print(line)
+    return line

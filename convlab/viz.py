@@ -674,3 +674,304 @@ def draw_launch_timeline(launch_us: float, kernels, n: int = 6):
                      fontsize=9)
     fig.tight_layout()
     return fig
+
+
+# ----------------------------------------------------------------------------------------
+# Lessons 07-09: register blocks, implicit GEMM, the last mile
+
+
+def _thread_rows(T, H, first, split):
+    """Rows (or columns) of a block tile of size T that a thread with index `first`
+    owns: H of them in a run, or (split) two runs of H/2 half a tile apart."""
+    if not split:
+        return [first * H + i for i in range(H)]
+    h = H // 2
+    return [first * h + i for i in range(h)] + [T // 2 + first * h + i for i in range(h)]
+
+
+def draw_register_block(BM=16, BN=16, BK=4, TM=4, TN=4, thread=(1, 2), k=1, split=False):
+    """The outer product of register blocking, drawn as C (BM x BN) = A slab @ B slab.
+
+    A block computes a BM x BN tile of C; thread (tx, ty) keeps a TM x TN block of it in
+    registers. For each k of the BK-wide slab it loads TM values of A's column k and TN
+    values of B's row k (red) and does TM * TN multiply-adds into its block (red), an
+    outer product. split=True: the thread's rows and columns are two runs of TM/2 (TN/2)
+    half a tile apart (lesson 09's conflict-free, 128-bit layout). Returns the figure.
+    """
+    plt = _plt()
+    for v, what in ((BM, "BM"), (BN, "BN")):
+        if v % (TM if what == "BM" else TN):
+            raise ValueError(f"{what} must be a multiple of the thread tile")
+    tx, ty = thread
+    if not (0 <= tx < BN // TN and 0 <= ty < BM // TM):
+        raise ValueError(f"thread {thread} outside the {BN // TN}x{BM // TM} thread grid")
+    rows = _thread_rows(BM, TM, ty, split)
+    cols = _thread_rows(BN, TN, tx, split)
+    fig, ax = plt.subplots(figsize=(7.2, 6.4))
+    light, hot = "#e8f1f8", "#f7b2b2"
+    # A slab (left of C), B slab (above C), C tile
+    ox, oy = BK + 1.0, BK + 1.0
+    a_col = [[hot if (i in rows and j == k) else (light if j == k else "white")
+              for j in range(BK)] for i in range(BM)]
+    _grid(ax, 0, oy, BM, BK, a_col, lw=0.4)
+    b_col = [[hot if (j in cols and i == k) else (light if i == k else "white")
+              for j in range(BN)] for i in range(BK)]
+    _grid(ax, ox, 0, BK, BN, b_col, lw=0.4)
+    c_col = [[hot if (i in rows and j in cols) else "white" for j in range(BN)]
+             for i in range(BM)]
+    _grid(ax, ox, oy, BM, BN, c_col, lw=0.3, edge="0.75")
+    for i in range(0, BM + 1, TM if not split else TM // 2):
+        ax.plot([ox, ox + BN], [oy + i, oy + i], color="0.45", lw=0.6)
+    for j in range(0, BN + 1, TN if not split else TN // 2):
+        ax.plot([ox + j, ox + j], [oy, oy + BM], color="0.45", lw=0.6)
+    _frame(ax, 0, oy, BM, BK, color="0.2", lw=1.2)
+    _frame(ax, ox, 0, BK, BN, color="0.2", lw=1.2)
+    _frame(ax, ox, oy, BM, BN, color="0.2", lw=1.2)
+    ax.text(BK / 2, oy - 0.4, f"A slab\n{BM}x{BK}", ha="center", va="bottom", fontsize=8)
+    ax.text(ox - 0.3, BK / 2, f"B slab {BK}x{BN}", ha="right", va="center", fontsize=8)
+    ax.text(k + 0.5, oy + BM + 0.3, f"k={k}", ha="center", va="top", fontsize=7,
+            color=HIGHLIGHT)
+    ax.text(ox + BN + 0.3, k + 0.5, f"k={k}", ha="left", va="center", fontsize=7,
+            color=HIGHLIGHT)
+    loads, fmas = TM + TN, TM * TN
+    how = f"two runs of {TM // 2}, half a tile apart" if split else "one run each"
+    _finish(ax, f"C tile {BM}x{BN}: {BN // TN}x{BM // TM} threads, each keeps a {TM}x{TN} "
+                f"block in registers\n(thread {thread} in red, {how})\nper k: {TM} + {TN} = "
+                f"{loads} loads, {fmas} FMAs: {fmas / loads:.1f} FMAs per load (one output "
+                "per thread: 0.5)")
+    return fig
+
+
+def occupancy(regs_per_thread: int, threads_per_block: int, smem_per_block: int = 0,
+              max_warps: int = 64, max_blocks: int = 32, regs_per_sm: int = 65536,
+              smem_per_sm: int = 228 * 1024, reg_unit: int = 256) -> dict:
+    """Resident blocks and warps per SM for a kernel (limits of compute capability 9.0).
+
+    Registers are allocated per warp in units of `reg_unit` (32 threads x regs rounded up);
+    the block count is the smallest of the register, shared-memory, warp and block
+    limits. Returns dict(blocks, warps, occupancy (fraction of max_warps), limited_by).
+    """
+    warps_pb = -(-threads_per_block // 32)
+    per_warp = -(-regs_per_thread * 32 // reg_unit) * reg_unit
+    limits = {"registers": (regs_per_sm // per_warp) // warps_pb,
+              "warps": max_warps // warps_pb, "blocks": max_blocks}
+    if smem_per_block:
+        limits["shared memory"] = smem_per_sm // (smem_per_block + 1024)  # 1 KB reserved
+    if regs_per_thread > 255:
+        limits["registers"] = 0
+    blocks = min(limits.values())
+    by = min(limits, key=lambda k: (limits[k], k == "registers"))  # ties: the hard cap
+    return dict(blocks=blocks, warps=blocks * warps_pb, occupancy=blocks * warps_pb / max_warps,
+                limited_by=by)
+
+
+def plot_occupancy(points, threads_per_block=128, title=None):
+    """Warps per SM against registers per thread for one block size, with kernels on it.
+
+    points: [(label, registers per thread[, threads per block]), ...]; a point with its own
+    block size is placed on its own curve value. Returns the figure.
+    """
+    plt = _plt()
+    regs = np.arange(16, 256)
+    warps = [occupancy(int(r), threads_per_block)["warps"] for r in regs]
+    fig, ax = plt.subplots(figsize=(7.2, 3.6))
+    ax.step(regs, warps, where="post", color="0.3", lw=1.4,
+            label=f"{threads_per_block} threads per block")
+    for i, p in enumerate(points):
+        label, r = p[0], int(p[1])
+        t = int(p[2]) if len(p) > 2 else threads_per_block
+        w = occupancy(r, t)["warps"]
+        ax.plot(r, w, "o", color=WARP_COLORS[(2 * i + 1) % len(WARP_COLORS)], ms=7)
+        ax.annotate(f"{label}\n{r} regs, {w} warps", (r, w), textcoords="offset points",
+                    xytext=(4, 6 + 14 * (i % 3)), fontsize=7)
+    ax.set_xlabel("registers per thread")
+    ax.set_ylabel("resident warps per SM (max 64)")
+    ax.set_ylim(0, 70)
+    ax.set_xlim(16, 262)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title or "more registers per thread, fewer warps to hide latency "
+                 "(65,536 registers per SM)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def draw_implicit_gemm(C=2, H=4, W=4, R=3, S=3, padding=1, tap=(1, 0), c0=0, BK=2, BN=8,
+                       j0=0):
+    """Implicit GEMM: the slab of the (never stored) im2col matrix a block builds.
+
+    The reduction is ordered (r, s, c): rows of the virtual column matrix are grouped by
+    filter tap, C channels per tap. A slab is BK rows (tap `tap`, channels c0..c0+BK-1)
+    by BN columns (output pixels j0..j0+BN-1, stride 1). Left: the input planes, the
+    pixels that slab reads framed (zeros where it reads the padding); middle: the virtual
+    column matrix, grey, with the slab in colour; right: the slab in shared memory, the
+    only part that exists. Returns the figure.
+    """
+    plt = _plt()
+    r, s = tap
+    P, Q = ref.conv2d_output_shape((H, W), (R, S), 1, padding)
+    if not (0 <= r < R and 0 <= s < S and 0 <= c0 and c0 + BK <= C and j0 + BN <= P * Q):
+        raise ValueError("tap, channels or pixels outside the problem")
+    letters = "abcdefgh"
+
+    def source(c, j):
+        p, q = divmod(j, Q)
+        h, w = p - padding + r, q - padding + s
+        return (h, w) if 0 <= h < H and 0 <= w < W else None
+
+    fig, (a_in, a_mat, a_slab) = plt.subplots(
+        1, 3, figsize=(13, 4.6), gridspec_kw=dict(width_ratios=[C * (W + 1), P * Q + 4, BN + 2]))
+    for c in range(C):
+        x0 = c * (W + 1)
+        read = {source(c, j) for j in range(j0, j0 + BN)} if c0 <= c < c0 + BK else set()
+        cols = [[CHANNEL_COLORS[c % 6] if (i, j) in read else "white" for j in range(W)]
+                for i in range(H)]
+        labels = [[f"{letters[c]}{i * W + j}" for j in range(W)] for i in range(H)]
+        _grid(a_in, x0, 0, H, W, cols, labels, fontsize=6)
+        a_in.text(x0 + W / 2, H + 0.6, f"channel {c}", ha="center", fontsize=8)
+    _finish(a_in, f"input {C}x{H}x{W} (pad {padding}): pixels\nthe slab reads for tap "
+                  f"(r, s) = {tap}")
+    rows = R * S * C
+    sz = 1.0
+    first = (r * S + s) * C + c0
+    for i in range(rows):
+        for j in range(P * Q):
+            inside = first <= i < first + BK and j0 <= j < j0 + BN
+            fc = CHANNEL_COLORS[(i % C) % 6] if inside else "0.92"
+            a_mat.add_patch(plt.Rectangle((j * sz, i * sz), sz, sz, fc=fc, ec="0.75", lw=0.3))
+    _frame(a_mat, j0, first, BK, BN)
+    for t in range(R * S):
+        a_mat.text(-0.3, t * C + C / 2, f"({t // S},{t % S})", ha="right", va="center",
+                   fontsize=5)
+    for j in range(0, P * Q, 4):
+        a_mat.text(j + 0.5, rows + 0.6, str(j), ha="center", va="center", fontsize=6)
+    _finish(a_mat, f"the im2col matrix: {rows} rows (r, s, c) x {P * Q} output pixels\nnever "
+                   f"stored: a block builds one {BK}x{BN} slab at a time (red)")
+    labels = []
+    cols = []
+    for kk in range(BK):
+        c = c0 + kk
+        row_l, row_c = [], []
+        for j in range(j0, j0 + BN):
+            src = source(c, j)
+            row_l.append("0" if src is None else f"{letters[c]}{src[0] * W + src[1]}")
+            row_c.append("#eeeeee" if src is None else CHANNEL_COLORS[c % 6])
+        labels.append(row_l)
+        cols.append(row_c)
+    _grid(a_slab, 0, 0, BK, BN, cols, labels, fontsize=7)
+    for kk in range(BK):
+        a_slab.text(-0.2, kk + 0.5, f"c={c0 + kk}", ha="right", va="center", fontsize=7)
+    for j in range(BN):
+        a_slab.text(j + 0.5, BK + 0.5, f"{j0 + j}", ha="center", va="center", fontsize=6)
+    _finish(a_slab, "in shared memory: the B slab [c][pixel]\nthread j loads column j "
+                    "(coalesced)")
+    fig.tight_layout()
+    return fig
+
+
+def draw_double_buffering(load_us=1.0, compute_us=1.4, sync_us=0.15, n=4):
+    """Timelines of a tiled kernel's block: one shared buffer against two.
+
+    One buffer: load slab t (global -> shared), barrier, compute on it, barrier, and only
+    then load slab t+1. Two buffers with a register prefetch: the loads of slab t+1 are
+    in flight while slab t is computed; one barrier per slab. Times in arbitrary units
+    (a block's view; other blocks on the SM can also fill the gaps). Returns the figure.
+    """
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(9, 3.6), sharex=True)
+    load_c, comp_c, sync_c = "#ffb703", "#219ebc", "0.35"
+    # single buffer
+    t = 0.0
+    for i in range(n):
+        axes[0].add_patch(plt.Rectangle((t, 1.1), load_us, 0.7, fc=load_c, ec="0.3", lw=0.5))
+        axes[0].text(t + load_us / 2, 1.45, f"load {i}", ha="center", va="center", fontsize=7)
+        t += load_us
+        axes[0].add_patch(plt.Rectangle((t, 0.1), sync_us, 1.7, fc=sync_c, ec="none"))
+        t += sync_us
+        axes[0].add_patch(plt.Rectangle((t, 0.1), compute_us, 0.7, fc=comp_c, ec="0.3",
+                                        lw=0.5))
+        axes[0].text(t + compute_us / 2, 0.45, f"FMAs {i}", ha="center", va="center",
+                     fontsize=7, color="white")
+        t += compute_us
+        axes[0].add_patch(plt.Rectangle((t, 0.1), sync_us, 1.7, fc=sync_c, ec="none"))
+        t += sync_us
+    single = t
+    # double buffer: load 0, then each step: issue load i+1, compute i, store, one barrier
+    t = 0.0
+    axes[1].add_patch(plt.Rectangle((t, 1.1), load_us, 0.7, fc=load_c, ec="0.3", lw=0.5))
+    axes[1].text(t + load_us / 2, 1.45, "load 0", ha="center", va="center", fontsize=7)
+    t += load_us
+    axes[1].add_patch(plt.Rectangle((t, 0.1), sync_us, 1.7, fc=sync_c, ec="none"))
+    t += sync_us
+    for i in range(n):
+        if i + 1 < n:
+            axes[1].add_patch(plt.Rectangle((t, 1.1), load_us, 0.7, fc=load_c, ec="0.3",
+                                            lw=0.5, alpha=0.85))
+            axes[1].text(t + load_us / 2, 1.45, f"load {i + 1}", ha="center", va="center",
+                         fontsize=7)
+        axes[1].add_patch(plt.Rectangle((t, 0.1), compute_us, 0.7, fc=comp_c, ec="0.3",
+                                        lw=0.5))
+        axes[1].text(t + compute_us / 2, 0.45, f"FMAs {i}", ha="center", va="center",
+                     fontsize=7, color="white")
+        t += max(compute_us, load_us if i + 1 < n else 0.0)
+        axes[1].add_patch(plt.Rectangle((t, 0.1), sync_us, 1.7, fc=sync_c, ec="none"))
+        t += sync_us
+    double = t
+    for ax, name, total in ((axes[0], "one buffer", single), (axes[1], "two buffers", double)):
+        ax.set_ylim(0, 2)
+        ax.set_yticks([0.45, 1.45], ["math", "memory"])
+        ax.set_title(f"{name}: {n} slabs in {total:.2g} time units", fontsize=9)
+    axes[1].set_xlim(0, single * 1.02)
+    axes[1].set_xlabel(f"time (a slab's loads {load_us:g}, its FMAs {compute_us:g}, a barrier "
+                       f"{sync_us:g}: grey)")
+    fig.suptitle(f"double buffering: the loads of slab t+1 overlap the FMAs of slab t "
+                 f"({single / double:.2f}x shorter here)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def vector_read_wavefronts(per_thread=8, split=False, threads=8) -> int:
+    """Shared-memory wavefronts for one 128-bit read instruction of `threads` threads
+    (a quarter warp, served together), thread t reading 4 floats at word
+    t*per_thread (split=False) or t*per_thread/2 (split=True: runs of 4 half a tile apart).
+    """
+    words = []
+    for t in range(threads):
+        base = t * (per_thread // 2 if split else per_thread)
+        words += [base + i for i in range(4)]
+    banks = {}
+    for w in set(words):
+        banks.setdefault(w % 32, set()).add(w)
+    return max(len(v) for v in banks.values())
+
+
+def draw_vector_reads(per_thread=8):
+    """Which banks a quarter warp's first 128-bit read touches, for a thread's
+    `per_thread` values stored in one run (left) or as two runs of 4 half a tile apart
+    (right). A 128-bit read is served 8 threads (128 bytes) at a time; two threads in one
+    bank at different words cost an extra wavefront. Returns the figure."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 2.3))
+    for ax, split in zip(axes, (False, True), strict=True):
+        step = per_thread // 2 if split else per_thread
+        n_words = max(64, 8 * step + 4)
+        rows = -(-n_words // 32)
+        owner = {t * step + i: t for t in range(8) for i in range(4)}
+        for w in range(rows * 32):
+            t = owner.get(w)
+            fc = WARP_COLORS[t % len(WARP_COLORS)] if t is not None else "white"
+            ax.add_patch(plt.Rectangle((w % 32, w // 32), 1, 1, fc=fc, ec="0.6", lw=0.3))
+            if t is not None:
+                ax.text(w % 32 + 0.5, w // 32 + 0.5, f"t{t}", ha="center", va="center",
+                        fontsize=5)
+        for b in range(0, 32, 4):
+            ax.text(b + 0.5, -0.4, str(b), ha="center", fontsize=6)
+        wf = vector_read_wavefronts(per_thread, split)
+        how = (f"two runs of 4 (thread t at word {step}t and BN/2 + {step}t)" if split
+               else f"one run of {per_thread} (thread t at word {per_thread}t)")
+        _finish(ax, f"{how}\nfirst 128-bit read of threads t0-t7: {wf} wavefront"
+                    + ("s (a 2-way conflict)" if wf > 1 else " (conflict-free)"))
+        ax.set_ylim(rows + 0.2, -1.0)
+    fig.suptitle("one row = 32 banks of 4 bytes; colour: the thread that reads the word",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
