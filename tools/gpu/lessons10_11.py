@@ -1,0 +1,634 @@
+# ruff: noqa: B023  (closures are called inside the loop iteration that made them)
+"""Every GPU measurement that lessons 10 and 11 show, checked then timed, in one run.
+
+    . tools/device_env.sh; python3 tools/gpu/lessons10_11.py        # on the GPU machine
+    .venv/bin/python tools/gpu/lessons10_11.py --dry                # here: simulator, tiny
+
+Lesson 10: pinned vs pageable transfers; a copy overlapping a kernel (streams); the JPEG
+pipeline (decode in threads -> GPU stem conv -> features), serial vs overlapped images/s
+on the same work for several GPU workloads, the timeline of both; the batch split across
+every visible GPU (checked against one device).
+Lesson 11: the depthwise 3x3 kernel (V outputs per thread, block sizes) vs PyTorch's
+depthwise conv2d and the copy bandwidth; separable two-pass filter vs 2-D; FFT vs direct
+(the crossover filter size) on the GPU and the CPU; Winograd F(2x2,3x3) (and F(4x4),
+F(6x6)) accuracy on random data, and its time through CuPy.
+
+Every variant is checked against a float64 CPU reference before it is timed. GPU times
+of short kernels come from `measure.time_gpu_queued` (launches queued behind a spin
+kernel: GPU time, not Python's launch rate); the depthwise inputs rotate over enough
+buffers to exceed the 50 MB L2, so every call reads from DRAM like the copy it is
+compared with. Writes $OUT/lessons10_11.json (copy to
+convlab/results/h200_lessons10_11.json) and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+DRY = "--dry" in sys.argv
+import convlab  # noqa: E402
+
+convlab.setup("sim" if DRY else None)
+from numba import cuda  # noqa: E402
+
+from convlab import baselines, bench, check, fft_conv, measure, problems, winograd  # noqa: E402
+from convlab import pipeline as pl  # noqa: E402
+from convlab import reference as ref  # noqa: E402
+from convlab.kernels import depthwise01_direct as dw  # noqa: E402
+from convlab.kernels import filter01_naive  # noqa: E402
+from convlab.kernels import separable01_rows_cols as sep  # noqa: E402
+
+T0 = time.time()
+BUDGET_S = float(os.environ.get("BUDGET_S", 115))  # skip optional parts after this
+OUT = os.environ.get("OUT", "/tmp/lessons10_11_out")
+os.makedirs(OUT, exist_ok=True)
+RES: dict = {"sections": {}, "errors": {}}
+
+if DRY:  # a fake clock: the simulator cannot time anything
+    def _fake_time_gpu(fn, *args, warmup=1, repeat=3, group_ms=2.0, **kw):
+        fn(*args, **kw)
+        return bench.Timing([1.0, 1.0, 1.0], "dry run (fake)")
+
+    def _fake_queued(fn, *args, calls=1, repeat=1, **kw):
+        fn(*args, **kw)
+        return bench.Timing([1.0], "dry run (fake)")
+
+    bench.time_gpu = _fake_time_gpu
+    measure.time_gpu_queued = _fake_queued
+    measure.transfer_table = lambda sizes, repeat=1: [{"bytes": 1, "h2d_pinned": {"gbps": 1}}]
+    pl.copy_compute_overlap = lambda *a, **k: {"dry": 1.0}
+    bench.copy_bandwidth = lambda *a, **k: 1000.0
+
+
+def elapsed() -> float:
+    return time.time() - T0
+
+
+def save():
+    RES["elapsed_s"] = round(elapsed(), 1)
+    with open(os.path.join(OUT, "lessons10_11.json"), "w") as f:
+        json.dump(RES, f, indent=1, default=float)
+
+
+def section(name, optional=False):
+    def deco(fn):
+        t = time.time()
+        print(f"\n=== {name} ({elapsed():.0f} s)", flush=True)
+        if optional and elapsed() > BUDGET_S and not DRY:
+            RES["sections"][name] = {"skipped": f"time ({elapsed():.0f} s elapsed)"}
+            print("  skipped: out of time")
+            return fn
+        try:
+            RES["sections"][name] = fn()
+        except Exception as e:  # noqa: BLE001  (one broken section must not stop the rest)
+            traceback.print_exc()
+            RES["errors"][name] = f"{type(e).__name__}: {e}"
+        RES.setdefault("section_s", {})[name] = round(time.time() - t, 1)
+        save()
+        return fn
+    return deco
+
+
+def queued_ms(fn, calls=20, repeat=7) -> float:
+    return measure.time_gpu_queued(fn, calls=calls, repeat=repeat).median_ms
+
+
+# ---------------------------------------------------------------------------------------
+@section("environment")
+def _env():
+    if DRY:
+        env = dict(device="simulator (dry run)", date=time.strftime("%Y-%m-%d"))
+    else:
+        from convlab.ladder import environment
+
+        env = environment()
+    env["copy_gbps"] = bench.copy_bandwidth(nbytes=1 << 30, repeat=5)
+    env["cpu_count"] = os.cpu_count()
+    env["gpus_visible"] = pl.visible_gpus()
+    try:
+        import PIL
+        import scipy
+
+        env.setdefault("versions", {}).update(pillow=PIL.__version__, scipy=scipy.__version__)
+    except ImportError:
+        pass
+    print(env)
+    return env
+
+
+COPY_GBPS = (RES["sections"].get("environment") or {}).get("copy_gbps", 1000.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 10
+
+
+@section("l10_transfers")
+def _transfers():
+    rows = measure.transfer_table((1 << 20, 16 << 20, 256 << 20), repeat=5)
+    for r in rows:
+        print(r["bytes"], {k: round(v["gbps"], 1) for k, v in r.items() if k != "bytes"})
+    return rows
+
+
+@section("l10_streams")
+def _streams():
+    r = pl.copy_compute_overlap(64 << 20, 5.0)
+    print({k: round(v, 3) for k, v in r.items()})
+    return r
+
+
+PIPE: dict = {}
+
+
+@section("l10_pipeline")
+def _pipeline():
+    sz = problems.pipeline_sizes()
+    B, NB, side = sz["batch"], sz["batches"], sz["side"]
+    threads = pl.decode_threads(sz["threads"])
+    files = pl.jpeg_corpus(B * NB)
+    res = dict(batch=B, batches=NB, side=side, threads=threads,
+               jpeg_kb=float(np.mean([len(f) for f in files]) / 1024))
+    # correctness of the GPU stage first
+    stage = pl.GpuStage(B, side, sz["k"])
+    u8 = np.empty((B, side, side, 3), np.uint8)
+    pl.decode_into(files[:B], u8)
+    d_u8, d_feat = cuda.to_device(u8), cuda.device_array((B, sz["k"]), np.float32)
+    stage.run(d_u8, d_feat)
+    cuda.synchronize()
+    res["check_max_rel_err"] = pl.check_features(u8, stage.w, d_feat.copy_to_host(), images=2)
+    print(f"  GPU stage checked: max rel err {res['check_max_rel_err']:.1e}")
+    # the CPU stage alone: images/s decoding one batch, three ways
+    from concurrent.futures import ThreadPoolExecutor
+
+    dec = {}
+    with ThreadPoolExecutor(threads) as pool:
+        for label, p, draft in (("1 thread, full decode", None, False),
+                                ("1 thread, draft", None, True),
+                                (f"{threads} threads, draft", pool, True)):
+            t = []
+            for _ in range(2 if not DRY else 1):
+                t0 = time.perf_counter()
+                pl.decode_into(files[:B], u8, p, draft)
+                t.append(time.perf_counter() - t0)
+            dec[label] = B / min(t)
+            print(f"  decode {label}: {dec[label]:.0f} images/s")
+    res["decode_images_per_s"] = dec
+    # the same work, serial and overlapped, for several GPU workloads (output channels k)
+    ks = (8, 16, 32, 64) if not DRY else (sz["k"],)
+    rows = []
+    for k in ks:
+        st = pl.GpuStage(B, side, k)
+        pl.run_serial(files[:B], st, threads)  # warm-up: compile, thread pool
+        times = pl.stage_times(files, st, threads, repeat=3 if not DRY else 1)
+        ser = pl.run_serial(files, st, threads)
+        ovl = pl.run_overlapped(files, [pl.GpuStage(B, side, k) for _ in range(2)], threads)
+        same = bool(np.allclose(ser.features, ovl.features, rtol=1e-5, atol=1e-6))
+        row = dict(k=k, gflop_per_batch=st.flops / 1e9, **times,
+                   serial_images_per_s=ser.images_per_s,
+                   overlapped_images_per_s=ovl.images_per_s,
+                   speedup=ovl.images_per_s / ser.images_per_s, same_features=same)
+        rows.append(row)
+        PIPE[k] = (ser, ovl)
+        print(f"  k={k:3d}: decode {times['decode_s'] * 1e3:6.1f} ms, GPU "
+              f"{times['gpu_s'] * 1e3:6.1f} ms per batch (bound "
+              f"{times.get('bound', 0):.2f}x): serial "
+              f"{ser.images_per_s:6.0f} img/s, overlapped {ovl.images_per_s:6.0f} img/s = "
+              f"{row['speedup']:.2f}x, same features: {same}")
+    res["rows"] = rows
+    # the headline: the workload whose two stages are closest to balanced (chosen from the
+    # stage times, before looking at end-to-end results)
+    best = min(rows, key=lambda r: abs(np.log(max(r["gpu_s"], 1e-9) / r["decode_s"])))
+    res["balanced_k"] = best["k"]
+    ser, ovl = PIPE[best["k"]]
+    res["timeline"] = dict(k=best["k"], serial=ser.spans_dict(), overlapped=ovl.spans_dict())
+    # the source's chain at that workload: unoptimized decode, serial -> optimized + overlap
+    nb0 = max(2, NB // 3)
+    base = pl.run_serial(files[:B * nb0], pl.GpuStage(B, side, best["k"]), threads=1,
+                         draft=False)
+    res["baseline"] = base.summary()
+    res["chain"] = {"serial, 1 thread, full decode": base.images_per_s,
+                    f"serial, {threads} threads, draft": ser.images_per_s,
+                    "overlapped, pinned, 2 streams": ovl.images_per_s}
+    print("  chain:", {k: round(v) for k, v in res["chain"].items()})
+    return res
+
+
+@section("l10_multi_gpu")
+def _multi():
+    sz = problems.pipeline_sizes()
+    side, k = sz["side"], sz["k"]
+    B = 2 * sz["batch"]
+    files = pl.jpeg_corpus(B)
+    u8 = np.empty((B, side, side, 3), np.uint8)
+    pl.decode_into(files, u8)
+    n = pl.visible_gpus()
+    res = dict(visible=n, batch=B, k=k)
+    res["check_all"] = pl.check_split(u8, k)  # every visible GPU vs one
+    res["check_two_parts_one_gpu"] = pl.check_split(u8, k, devices=[0, 0])
+    timing = {}
+    for label, devs in (("1 GPU", [0]), (f"{n} GPU(s)", None), ("2 parts on GPU 0", [0, 0])):
+        m = pl.MultiGpu(B, side, k, devices=devs)
+        m.host[:] = u8
+        s = m.time(repeat=5 if not DRY else 1)
+        timing[label] = dict(devices=m.devices, parts=m.parts, ms=s * 1e3,
+                             images_per_s=B / s)
+        print(f"  {label}: {s * 1e3:.2f} ms per batch of {B} ({B / s:.0f} images/s)")
+    res["timing"] = timing
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 11: depthwise
+
+
+def _rotating(nsets, make_call):
+    i = [0]
+
+    def f():
+        make_call(i[0] % nsets)
+        i[0] += 1
+
+    return f
+
+
+@section("l11_depthwise")
+def _depthwise():
+    rows = []
+    res = dict(copy_gbps=COPY_GBPS, layers=[])
+    torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
+    for name in ("dw512", "dw32"):
+        for stride in (1, 2):
+            prob = problems.depthwise_layer(name)
+            kw = dict(stride=stride, padding=1, groups=prob.C)
+            rng = np.random.default_rng(11)
+            x = check.random_array(prob.x_shape, rng)
+            w = check.random_array(prob.w_shape, rng)
+            x64, w64 = x.astype(np.float64), w.astype(np.float64)
+            expected = ref.conv2d(x64, w64, **kw)
+            absref = ref.conv2d(np.abs(x64), np.abs(w64), **kw)
+            out_shape = expected.shape
+            nbytes = x.nbytes + w.nbytes + expected.size * 4
+            nsets = max(2, int(np.ceil(200e6 / nbytes))) if not DRY else 1
+            dxs = [cuda.to_device(x) for _ in range(nsets)]
+            dys = [cuda.device_array(out_shape, np.float32) for _ in range(nsets)]
+            dwt = cuda.to_device(w)
+            layer = dict(layer=prob.name, stride=stride, x=list(x.shape), bytes=nbytes,
+                         rotating_sets=nsets, rows=[])
+            variants = []
+            vs = (1, 2, 4, 7, 8) if stride == 1 else (1, 2, 4)
+            for v in vs:
+                for th in ((128, 256) if stride == 1 else (256,)):
+                    variants.append((f"direct v{v} t{th}", dict(v=v, threads=th)))
+            for label, cfg in variants:
+                try:
+                    dys[0].copy_to_device(check.poisoned(out_shape))
+                    dw.launch(dxs[0], dwt, dys[0], stride, 1, v=cfg["v"], threads=cfg["threads"])
+                    got = dys[0].copy_to_host()
+                    comp = check.compare(got, expected, absref, 9)
+                    if not comp.ok:
+                        raise check.CheckError(comp.summary())
+                    fn = _rotating(nsets, lambda i: dw.launch(dxs[i], dwt, dys[i], stride, 1,
+                                                              v=cfg["v"], threads=cfg["threads"]))
+                    gpu = queued_ms(fn)
+                    call = bench.time_gpu(fn, repeat=7).median_ms
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {label}: NOT TIMED: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                gbps = nbytes / (gpu * 1e-3) / 1e9
+                layer["rows"].append(dict(name=label, **cfg, us=gpu * 1e3, per_call_us=call * 1e3,
+                                          gbps=gbps, pct_copy=100 * gbps / COPY_GBPS,
+                                          max_rel_err=comp.max_rel))
+            if torch is not None:
+                F = torch.nn.functional
+                txs = [torch.from_numpy(x).cuda() for _ in range(nsets)]
+                tw = torch.from_numpy(w).cuda()
+                hold = {}
+                got = F.conv2d(txs[0], tw, stride=stride, padding=1, groups=prob.C)
+                comp = check.compare(got.cpu().numpy(), expected, absref, 9)
+                fn = _rotating(nsets, lambda i: hold.__setitem__(
+                    "y", F.conv2d(txs[i], tw, stride=stride, padding=1, groups=prob.C)))
+                if comp.ok:
+                    gpu = queued_ms(fn)
+                    call = bench.time_gpu(fn, repeat=7).median_ms
+                    gbps = nbytes / (gpu * 1e-3) / 1e9
+                    layer["rows"].append(dict(name="PyTorch conv2d (groups=C)", us=gpu * 1e3,
+                                              per_call_us=call * 1e3, gbps=gbps,
+                                              pct_copy=100 * gbps / COPY_GBPS,
+                                              max_rel_err=comp.max_rel))
+                else:
+                    print("  torch depthwise WRONG:", comp.summary())
+                del txs
+            for r in layer["rows"]:
+                print(f"  {prob.name} s{stride} {r['name']:28s} {r['us']:8.1f} us GPU "
+                      f"({r['per_call_us']:7.1f} per call) {r['gbps']:6.0f} GB/s "
+                      f"{r['pct_copy']:5.1f}% of copy")
+            res["layers"].append(layer)
+            rows += layer["rows"]
+            dxs.clear()  # free the device memory before the next layer
+            dys.clear()
+    return res
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 11: separable vs 2-D
+
+
+def gaussian_taps(R: int) -> np.ndarray:
+    sigma = max(R / 6, 0.5)
+    t = np.arange(R) - R // 2
+    g = np.exp(-t**2 / (2 * sigma**2))
+    return (g / g.sum()).astype(np.float32)
+
+
+@section("l11_separable")
+def _separable():
+    n = problems.image_size()
+    rng = np.random.default_rng(12)
+    img = check.random_array((n, n), rng)
+    small = check.random_array((97, 131), rng)
+    d_img, d_out = cuda.to_device(img), cuda.device_array((n, n), np.float32)
+    d_tmp = cuda.device_array((n, n), np.float32)
+    d_small, d_sout = cuda.to_device(small), cuda.device_array(small.shape, np.float32)
+    d_stmp = cuda.device_array(small.shape, np.float32)
+    torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
+    rows = []
+    for R in ((3, 7, 15, 31) if not DRY else (3, 5)):
+        g = gaussian_taps(R)
+        k2 = np.outer(g, g).astype(np.float32)
+        d_g, d_k2 = cuda.to_device(g), cuda.to_device(k2)
+        exp_s = ref.filter2d(small.astype(np.float64), k2.astype(np.float64))
+        abs_s = ref.filter2d(np.abs(small).astype(np.float64), k2.astype(np.float64))
+        variants = [("2-D naive (filter01)", lambda im, o, t: filter01_naive.filter2d_naive(
+                        im, d_k2, o)),
+                    ("separable rows+cols", lambda im, o, t: sep.filter2d_separable(
+                        im, d_g, d_g, o, t))]
+        for name, fn in variants:
+            d_sout.copy_to_device(check.poisoned(small.shape))
+            fn(d_small, d_sout, d_stmp)
+            comp = check.compare(d_sout.copy_to_host(), exp_s, abs_s, R * R)
+            if not comp.ok:
+                print(f"  R={R} {name}: WRONG {comp.summary()}")
+                continue
+            ms = queued_ms(lambda: fn(d_img, d_out, d_tmp), calls=10, repeat=5)
+            rows.append(dict(R=R, name=name, ms=ms, max_rel_err=comp.max_rel,
+                             gflops=n * n * sep.flops_per_pixel(R, R, "separable" in name)
+                             / (ms * 1e-3) / 1e9))
+        if torch is not None:
+            F = torch.nn.functional
+            ti = torch.from_numpy(img).cuda()[None, None]
+            ts = torch.from_numpy(small).cuda()[None, None]
+            tk2 = torch.from_numpy(k2).cuda()[None, None]
+            tr = torch.from_numpy(g).cuda().reshape(1, 1, 1, R)
+            tc = torch.from_numpy(g).cuda().reshape(1, 1, R, 1)
+            hold = {}
+            for name, fn in (("cuDNN 2-D", lambda t: F.conv2d(t, tk2, padding=R // 2)),
+                             ("cuDNN two 1-D", lambda t: F.conv2d(
+                                 F.conv2d(t, tr, padding=(0, R // 2)), tc,
+                                 padding=(R // 2, 0)))):
+                comp = check.compare(fn(ts)[0, 0].cpu().numpy(), exp_s, abs_s, R * R)
+                if not comp.ok:
+                    print(f"  R={R} {name}: WRONG {comp.summary()}")
+                    continue
+                ms = queued_ms(lambda: hold.__setitem__("y", fn(ti)), calls=10, repeat=5)
+                rows.append(dict(R=R, name=name, ms=ms, max_rel_err=comp.max_rel,
+                                 gflops=n * n * sep.flops_per_pixel(R, R, "1-D" in name)
+                                 / (ms * 1e-3) / 1e9))
+        for r in rows:
+            if r["R"] == R:
+                print(f"  {R:2d}x{R:<2d} {r['name']:22s} {r['ms'] * 1e3:8.1f} us "
+                      f"{r['gflops']:7.0f} useful GFLOP/s")
+    return dict(n=n, rows=rows)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 11: FFT vs direct
+
+
+@section("l11_fft_gpu")
+def _fft_gpu():
+    res = {}
+    if not baselines.cupy_available() and not DRY:
+        return {"skipped": "no CuPy"}
+    xp = np if DRY else __import__("cupy")
+    torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
+    # (a) one image, one filter
+    n = 2048 if not DRY else 24
+    rng = np.random.default_rng(13)
+    img = check.random_array((n, n), rng)
+    small = check.random_array((71, 90), rng)
+    d_img, d_out = cuda.to_device(img), cuda.device_array((n, n), np.float32)
+    x_img = xp.asarray(img)
+    rows = []
+    sizes = (3, 5, 7, 9, 13, 17, 25, 33, 49, 65) if not DRY else (3, 5)
+    for R in sizes:
+        k = check.random_array((R, R), rng)
+        exp = ref.filter2d(small.astype(np.float64), k.astype(np.float64))
+        ab = ref.filter2d(np.abs(small).astype(np.float64), np.abs(k).astype(np.float64))
+        d_k = cuda.to_device(k)
+        x_k = xp.asarray(k)
+        row = dict(R=R)
+        got = fft_conv.filter2d_fft(xp.asarray(small), x_k, xp=xp)
+        got = got.get() if hasattr(got, "get") else got
+        c1 = check.compare(got, exp, ab, R * R, rtol=1e-4)
+        d_s, d_so = cuda.to_device(small), cuda.device_array(small.shape, np.float32)
+        filter01_naive.filter2d_naive(d_s, d_k, d_so)
+        c2 = check.compare(d_so.copy_to_host(), exp, ab, R * R)
+        row["fft_max_rel_err"], row["direct_max_rel_err"] = c1.max_rel, c2.max_rel
+        if not (c1.ok and c2.ok):
+            print(f"  R={R}: WRONG fft {c1.summary()} direct {c2.summary()}")
+            continue
+        hold = {}
+        row["fft_ms"] = queued_ms(lambda: hold.__setitem__(
+            "y", fft_conv.filter2d_fft(x_img, x_k, xp=xp)), calls=5, repeat=5)
+        row["direct_ms"] = queued_ms(lambda: filter01_naive.filter2d_naive(d_img, d_k, d_out),
+                                     calls=5, repeat=5)
+        if torch is not None:
+            ti = torch.from_numpy(img).cuda()[None, None]
+            tk = torch.from_numpy(k).cuda()[None, None]
+            row["cudnn_ms"] = queued_ms(lambda: hold.__setitem__(
+                "t", torch.nn.functional.conv2d(ti, tk, padding=R // 2)), calls=5, repeat=5)
+        rows.append(row)
+        print("  image", {k_: (round(v, 4) if isinstance(v, float) else v)
+                          for k_, v in row.items()})
+    res["image"] = dict(n=n, rows=rows,
+                        crossover_vs_direct=fft_conv.crossover_size(rows),
+                        crossover_vs_cudnn=fft_conv.crossover_size(rows, direct="cudnn_ms")
+                        if rows and "cudnn_ms" in rows[0] else None)
+    # (b) a conv layer: batch 8, 32 -> 32 channels, 64 x 64, cuDNN vs FFT
+    if torch is not None or DRY:
+        N, C, K, H = (8, 32, 32, 64) if not DRY else (1, 2, 2, 9)
+        rows = []
+        for R in ((3, 5, 7, 9, 11, 15, 21) if not DRY else (3,)):
+            x = check.random_array((N, C, H, H), rng)
+            w = check.random_array((K, C, R, R), rng)
+            xs, ws = x[:1, :, :23, :23], w  # checked on a small crop (the float64 reference)
+            exp = ref.conv2d(xs.astype(np.float64), ws.astype(np.float64), padding=R // 2)
+            ab = ref.conv2d(np.abs(xs).astype(np.float64), np.abs(ws).astype(np.float64),
+                            padding=R // 2)
+            gx, gw = xp.asarray(x), xp.asarray(w)
+            got = fft_conv.conv2d_fft(xp.asarray(xs), gw, R // 2, xp=xp)
+            got = got.get() if hasattr(got, "get") else got
+            c1 = check.compare(got, exp, ab, C * R * R, rtol=1e-4)
+            row = dict(R=R, fft_max_rel_err=c1.max_rel)
+            hold = {}
+            if c1.ok:
+                row["fft_ms"] = queued_ms(lambda: hold.__setitem__(
+                    "y", fft_conv.conv2d_fft(gx, gw, R // 2, xp=xp)), calls=5, repeat=5)
+            if torch is not None:
+                tx, tw = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
+                ts = torch.from_numpy(np.ascontiguousarray(xs)).cuda()
+                c2 = check.compare(torch.nn.functional.conv2d(ts, tw, padding=R // 2)
+                                   .cpu().numpy(), exp, ab, C * R * R)
+                row["cudnn_max_rel_err"] = c2.max_rel
+                if c2.ok:
+                    row["direct_ms"] = queued_ms(lambda: hold.__setitem__(
+                        "t", torch.nn.functional.conv2d(tx, tw, padding=R // 2)), calls=5,
+                        repeat=5)
+            rows.append(row)
+            print("  layer", {k_: (round(v, 4) if isinstance(v, float) else v)
+                              for k_, v in row.items()})
+        ok = [r for r in rows if "fft_ms" in r and "direct_ms" in r]
+        res["layer"] = dict(shape=[N, C, H, H], K=K, rows=rows,
+                            crossover_vs_cudnn=fft_conv.crossover_size(ok) if ok else None)
+    return res
+
+
+@section("l11_fft_cpu")
+def _fft_cpu():
+    import scipy.ndimage as ndi
+
+    n = 1024 if not DRY else 32
+    rng = np.random.default_rng(14)
+    img = check.random_array((n, n), rng)
+    rows = []
+    for R in ((3, 5, 9, 15, 25, 41) if not DRY else (3, 5)):
+        k = check.random_array((R, R), rng)
+        a = ndi.correlate(img, k, mode="constant")
+        b = fft_conv.filter2d_fft(img, k, xp=np)
+        rel = float(np.abs(a - b).max() / np.abs(a).max())
+        ta = bench.time_cpu(ndi.correlate, img, k, mode="constant", repeat=3).median_ms
+        tb = bench.time_cpu(fft_conv.filter2d_fft, img, k, repeat=3).median_ms
+        rows.append(dict(R=R, direct_ms=ta, fft_ms=tb, max_rel_diff=rel))
+        print(f"  CPU {n}x{n} R={R}: direct (scipy.ndimage) {ta:8.2f} ms, FFT (numpy) "
+              f"{tb:8.2f} ms, rel diff {rel:.1e}")
+    return dict(n=n, rows=rows, crossover=fft_conv.crossover_size(rows),
+                note="one thread each: scipy.ndimage.correlate vs numpy.fft")
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 11: Winograd
+
+
+@section("l11_winograd_accuracy")
+def _wino_acc():
+    rng = np.random.default_rng(15)
+    shape = (2, 64, 28, 28) if not DRY else (1, 4, 9, 9)
+    x = check.random_array(shape, rng)
+    w = check.random_array((shape[1], shape[1], 3, 3), rng)
+    out = {}
+    for m in (2, 4, 6):
+        out[f"F({m}x{m},3x3)"] = winograd.accuracy(x, w, padding=1, m=m)
+        print(f"  F({m}x{m},3x3): {out[f'F({m}x{m},3x3)']}")
+    return dict(shape=list(shape), errors=out,
+                note="|y - y64| / conv(|x|,|w|) over all outputs, float32 arithmetic")
+
+
+@section("l11_winograd_gpu", optional=True)
+def _wino_gpu():
+    if DRY or not baselines.cupy_available():
+        return {"skipped": "dry run or no CuPy"}
+    import cupy as cp
+
+    prob = problems.conv_layer("resnet128")
+    rng = np.random.default_rng(16)
+    x = check.random_array(prob.x_shape, rng)
+    w = check.random_array(prob.w_shape, rng)
+    gx, gw = cp.asarray(x), cp.asarray(w)
+    x2 = x[:2].astype(np.float64)
+    exp = ref.conv2d(x2, w.astype(np.float64), padding=1)
+    ab = ref.conv2d(np.abs(x2), np.abs(w).astype(np.float64), padding=1)
+    rows = []
+    hold = {}
+    for m in (2, 4):
+        got = winograd.conv2d_winograd(gx[:2], gw, 1, m=m, xp=cp).get()
+        comp = check.compare(got, exp, ab, prob.C * 9, rtol=1e-4)
+        ms = bench.time_gpu(lambda: hold.__setitem__(
+            "y", winograd.conv2d_winograd(gx, gw, 1, m=m, xp=cp)), repeat=5).median_ms
+        rows.append(dict(name=f"Winograd F({m}x{m},3x3), CuPy", ms=ms, ok=comp.ok,
+                         max_rel_err=comp.max_rel))
+    if baselines.torch_available():
+        lad = bench.bench_conv([baselines.cudnn_conv_impl(prob, "fp32")], prob, verbose=False,
+                               repeat=5)
+        rows += [dict(name=r.name, ms=r.ms, ok=True, max_rel_err=r.max_rel_err)
+                 for r in lad.rows]
+    for r in rows:
+        print(f"  {prob.name} {r['name']:32s} {r['ms']:8.3f} ms ok={r['ok']} "
+              f"err {r['max_rel_err']:.1e}")
+    return dict(problem=str(prob), rows=rows)
+
+
+# ---------------------------------------------------------------------------------------
+# The short table, last
+
+save()
+print("\n" + "=" * 78)
+env = RES["sections"].get("environment", {})
+print(f"{env.get('device')}  {env.get('date')}  copy {COPY_GBPS:.0f} GB/s  "
+      f"elapsed {elapsed():.0f} s  errors: {list(RES['errors']) or 'none'}")
+tr = RES["sections"].get("l10_transfers") or []
+for r in tr if isinstance(tr, list) else []:
+    if r.get("bytes", 0) >= 16 << 20:
+        print(f"transfer {r['bytes'] >> 20} MiB: " + ", ".join(
+            f"{k} {v['gbps']:.1f}" for k, v in r.items() if k != "bytes") + " GB/s")
+st = RES["sections"].get("l10_streams") or {}
+if "two streams, pinned" in st:
+    print("copy+kernel (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in st.items()
+                                          if k != "bytes"))
+pp = RES["sections"].get("l10_pipeline") or {}
+for r in pp.get("rows", []):
+    print(f"pipeline k={r['k']:3d}: decode {r['decode_s'] * 1e3:5.1f} ms GPU "
+          f"{r['gpu_s'] * 1e3:5.1f} ms/batch; serial {r['serial_images_per_s']:6.0f} "
+          f"overlapped {r['overlapped_images_per_s']:6.0f} img/s = {r['speedup']:.2f}x "
+          f"(bound {r.get('bound', 0):.2f}x) same={r['same_features']}")
+if pp.get("chain"):
+    print("chain (img/s): " + ", ".join(f"{k} {v:.0f}" for k, v in pp["chain"].items()))
+mg = RES["sections"].get("l10_multi_gpu") or {}
+for k, v in (mg.get("timing") or {}).items():
+    print(f"split {k}: {v['ms']:.2f} ms/batch ({v['images_per_s']:.0f} img/s)")
+d = RES["sections"].get("l11_depthwise") or {}
+for lay in d.get("layers", []):
+    rows = lay["rows"]
+    ours = [r for r in rows if r["name"].startswith("direct")]
+    lib = [r for r in rows if r["name"].startswith("PyTorch")]
+    if ours:
+        b = min(ours, key=lambda r: r["us"])
+        t = f" vs PyTorch {lib[0]['us']:.1f} us ({lib[0]['pct_copy']:.0f}%) = " \
+            f"{lib[0]['us'] / b['us']:.2f}x" if lib else ""
+        print(f"{lay['layer']} s{lay['stride']}: best {b['name']} {b['us']:.1f} us "
+              f"{b['gbps']:.0f} GB/s ({b['pct_copy']:.0f}% of copy){t}")
+sp = RES["sections"].get("l11_separable") or {}
+for r in sp.get("rows", []):
+    print(f"separable {sp['n']}^2 R={r['R']:2d} {r['name']:22s} {r['ms'] * 1e3:8.1f} us")
+fg = RES["sections"].get("l11_fft_gpu") or {}
+if fg.get("image"):
+    print(f"FFT crossover GPU image {fg['image']['n']}^2: vs naive direct "
+          f"{fg['image']['crossover_vs_direct']}, vs cuDNN {fg['image']['crossover_vs_cudnn']}")
+if fg.get("layer"):
+    print(f"FFT crossover GPU layer {fg['layer']['shape']}: vs cuDNN "
+          f"{fg['layer']['crossover_vs_cudnn']}")
+fc = RES["sections"].get("l11_fft_cpu") or {}
+if fc:
+    print(f"FFT crossover CPU {fc.get('n')}^2: {fc.get('crossover')}")
+wa = RES["sections"].get("l11_winograd_accuracy") or {}
+for k, v in (wa.get("errors") or {}).items():
+    print(f"{k}: max rel err {v['winograd']['max']:.2e} (direct fp32 {v['direct']['max']:.2e})")
+wg = RES["sections"].get("l11_winograd_gpu") or {}
+for r in wg.get("rows", []):
+    print(f"{r['name']:32s} {r['ms']:.3f} ms ok={r['ok']}")
