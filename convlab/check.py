@@ -267,6 +267,7 @@ def _border_mask(case) -> np.ndarray | None:
     x, w = case["inputs"][:2]
     if x.ndim != 4:
         return None
+    kw = {"groups": x.shape[1] // w.shape[1], **kw}  # depthwise cases leave groups implied
     p = ref.conv_params(x.shape, w.shape, **kw)
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     rows = np.arange(p.P) * sh - ph
@@ -301,8 +302,9 @@ def _hints(case, out, comp: Comparison, passed: list) -> list:
             hints.append("all errors are where the filter window overlaps the image border: "
                          "check the padding offset and the bounds tests (off by one?)")
     if x.ndim == 4 and comp.bad:
-        flipped = ref.conv2d(x.astype(np.float64), case["inputs"][1][:, :, ::-1, ::-1].astype(
-            np.float64), **kw)
+        wf = case["inputs"][1]
+        flipped = ref.conv2d(x.astype(np.float64), wf[:, :, ::-1, ::-1].astype(np.float64),
+                             **{"groups": x.shape[1] // wf.shape[1], **kw})
         if compare(out, flipped, case["absref"], case["reduction"]).ok:
             hints.append("the output equals a true convolution (flipped filter): deep-learning "
                          "'convolution' is cross-correlation, do not flip the filter")
@@ -935,3 +937,205 @@ def check_bank_conflicts(fn, *args, max_ways: float = 1.0, kind="load", quiet=Fa
     if not quiet:
         print(line)
     return line
+
+
+# ----------------------------------------------------------------------------------------
+# Lessons 10-11: pipeline timing, weighted splits, separable factors, depthwise, large filters
+
+
+def _pipeline_reference(times, slots=None) -> float:
+    """Finish time of a pipeline: stage s of batch b starts when stage s - 1 of batch b and
+    stage s of batch b - 1 have finished, and (with `slots`) batch b's first stage when
+    batch b - slots has left the last stage."""
+    t = np.asarray(times, dtype=np.float64)
+    B, S = t.shape
+    end = np.zeros((B, S))
+    for b in range(B):
+        for s in range(S):
+            start = max(end[b, s - 1] if s else 0.0, end[b - 1, s] if b else 0.0)
+            if s == 0 and slots is not None and b >= slots:
+                start = max(start, end[b - slots, S - 1])
+            end[b, s] = start + t[b, s]
+    return float(end[-1, -1])
+
+
+def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
+    """fn(times, slots=None) -> when the last batch leaves the last stage.
+
+    times: (batches, stages) durations; each stage is one worker taking the batches in
+    order; a batch enters stage s when it has left stage s - 1 and stage s is free. slots:
+    at most that many batches in flight (a batch enters the first stage only when the
+    batch `slots` places earlier has left the last stage); None: no limit.
+    """
+    rng = np.random.default_rng(seed)
+    task = "pipeline time"
+    cases = [(np.array([[3.0]]), None), (np.array([[2.0, 5.0, 1.0]]), None),
+             (np.array([[4.0, 4.0]] * 5), None), (np.array([[1.0, 6.0, 2.0]] * 4), None)]
+    for _ in range(3):
+        B, S = int(rng.integers(3, 9)), int(rng.integers(2, 5))
+        cases.append((rng.uniform(0.5, 5.0, (B, S)).round(3), None))
+    for slots in (1, 2, 3):
+        B, S = int(rng.integers(4, 9)), int(rng.integers(2, 5))
+        cases.append((rng.uniform(0.5, 5.0, (B, S)).round(3), slots))
+    cases.append((np.array([[1.0, 9.0, 1.0]] * 4), 2))
+    for times, slots in cases:
+        label = f"times {times.tolist()}" + (f", slots={slots}" if slots is not None else "")
+        kw = {} if slots is None else {"slots": slots}
+        got = _as_float(task, _value_call(task, fn, (times.copy(),), kw, label), label)
+        want = _pipeline_reference(times, slots)
+        if not _close(got, want, 1e-9):
+            hint = ""
+            if _close(got, float(times.sum()), 1e-9) and slots != 1:
+                hint = " (that is the serial time: every stage of every batch one after another)"
+            elif _close(got, float(times.sum(axis=0).max()), 1e-9):
+                hint = (" (that is the busiest stage's total: the pipeline also has to fill and "
+                        "drain)")
+            elif slots is not None and _close(got, _pipeline_reference(times), 1e-9):
+                hint = f" (that ignores slots={slots}: a batch needs a free slot to start)"
+            raise CheckError(f"{task} FAILED on {label}: got {got:.6g}, expected {want:.6g}"
+                             f"{hint}")
+    return _pass(task, len(cases), quiet)
+
+
+def check_weighted_split(fn, *, seed=None, quiet=False) -> str:
+    """fn(n_items, speeds) -> parts: one (start, stop) pair (or slice / range) per device,
+    in device order, contiguous, covering 0..n; device i with speed s_i finishes its part
+    at size_i / s_i, and the slowest finish must be as early as any split allows."""
+    rng = np.random.default_rng(seed)
+    task = "weighted split"
+    cases = [(10, [1.0, 1.0]), (10, [1.0, 3.0]), (7, [2.0, 1.0, 1.0]), (1, [1.0, 5.0]),
+             (100, [1.0, 1.0, 1.0, 1.0]), (64, [0.7, 1.9]), (5, [1.0, 100.0])]
+    for _ in range(4):
+        k = int(rng.integers(2, 6))
+        cases.append((int(rng.integers(1, 400)), rng.uniform(0.2, 4.0, k).round(3).tolist()))
+    for n, speeds in cases:
+        label = f"{n} items over devices with speeds {speeds}"
+        parts = _value_call(task, fn, (n, list(speeds)), {}, label)
+        if parts is None:
+            raise CheckError(f"{task} returned None on {label}: not implemented yet?")
+        try:
+            spans = _ranges(list(parts))
+        except (TypeError, ValueError) as e:
+            raise CheckError(f"{task} on {label}: parts must be (start, stop) pairs, slices or "
+                             f"ranges, got {parts!r} ({e})") from e
+        if len(spans) != len(speeds):
+            raise CheckError(f"{task} FAILED on {label}: {len(spans)} parts for {len(speeds)} "
+                             "devices (one part per device, empty ones included)")
+        pos = 0
+        for a, b in spans:
+            if a != pos or b < a:
+                raise CheckError(f"{task} FAILED on {label}: parts {spans} are not contiguous "
+                                 f"from 0 in device order")
+            pos = b
+        if pos != n:
+            raise CheckError(f"{task} FAILED on {label}: parts {spans} end at {pos}, not {n}")
+        sizes = [b - a for a, b in spans]
+        got = max(sz / s for sz, s in zip(sizes, speeds, strict=True))
+        best_sizes = [0] * len(speeds)  # greedy: each item to the device done first with it
+        for _ in range(n):
+            i = min(range(len(speeds)), key=lambda j: (best_sizes[j] + 1) / speeds[j])
+            best_sizes[i] += 1
+        best = max(sz / s for sz, s in zip(best_sizes, speeds, strict=True))
+        if got > best * (1 + 1e-9):
+            raise CheckError(f"{task} FAILED on {label}: sizes {sizes} finish at {got:.4g} "
+                             f"(time units of one item on a speed-1 device); sizes {best_sizes} "
+                             f"finish at {best:.4g}")
+    return _pass(task, len(cases), quiet)
+
+
+def check_separable_factors(fn, *, seed=None, quiet=False) -> str:
+    """fn(kernel (R, S)) -> (col (R,), row (S,)) with outer(col, row) == kernel, or None
+    when the kernel is not separable (rank > 1 beyond rounding)."""
+    rng = np.random.default_rng(seed)
+    task = "separable factors"
+    sob = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float64)
+    g = np.exp(-np.arange(-3, 4) ** 2 / 4.0)
+    cases = [(sob, True), (np.outer(g, g) / np.outer(g, g).sum(), True),
+             (np.ones((5, 3)) / 15, True), (np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], float),
+                                            False)]
+    for R, S in ((3, 5), (7, 1), (1, 9), (5, 5)):
+        cases.append((np.outer(random_array((R,), rng), random_array((S,), rng)).astype(
+            np.float64), True))
+    for R, S in ((3, 3), (5, 4)):
+        k = np.outer(random_array((R,), rng), random_array((S,), rng))
+        cases.append((k + 0.5 * np.outer(random_array((R,), rng), random_array((S,), rng)),
+                      False))
+    cases.append((random_array((4, 6), rng).astype(np.float64), False))
+    for k, separable in cases:
+        label = f"kernel {k.shape[0]}x{k.shape[1]} {np.round(k, 3).tolist()}"
+        got = _value_call(task, fn, (k.copy(),), {}, label)
+        if not separable:
+            if got is not None:
+                raise CheckError(f"{task} FAILED on {label}: this kernel has rank > 1 (not an "
+                                 f"outer product), expected None, got {got!r}")
+            continue
+        if got is None:
+            raise CheckError(f"{task} FAILED on {label}: it is separable (rank 1), got None")
+        try:
+            col, row = (np.asarray(v, np.float64).reshape(-1) for v in got)
+        except (TypeError, ValueError) as e:
+            raise CheckError(f"{task} on {label}: expected (col, row), got {got!r}") from e
+        if col.shape != (k.shape[0],) or row.shape != (k.shape[1],):
+            raise CheckError(f"{task} FAILED on {label}: col must have {k.shape[0]} values and "
+                             f"row {k.shape[1]}, got {col.shape} and {row.shape}")
+        err = np.abs(np.outer(col, row) - k).max()
+        if not err <= 1e-6 * max(np.abs(k).max(), 1e-30):
+            raise CheckError(f"{task} FAILED on {label}: outer(col, row) differs from the "
+                             f"kernel by up to {err:.3g}")
+    return _pass(task, len(cases), quiet)
+
+
+def depthwise_cases(rng, *, multiplier: int = 1, stride=True, small=None):
+    """Depthwise problems: w (C·multiplier, 1, R, S), groups = C; odd shapes, padding."""
+    if small is None:
+        from .runtime import is_simulator
+
+        small = is_simulator()
+    if small:
+        specs = [((1, 3, 7, 9), (3, 3), 1, 1), ((2, 2, 6, 5), (3, 3), 1, 0),
+                 ((1, 2, 5, 8), (3, 5), 1, (1, 2))]
+        if stride:
+            specs.append(((1, 2, 9, 7), (3, 3), 2, 1))
+    else:
+        specs = [((2, 7, 31, 29), (3, 3), 1, 1), ((3, 5, 20, 17), (3, 3), 1, 0),
+                 ((1, 6, 19, 23), (3, 5), 1, (1, 2))]
+        if stride:
+            specs.append(((2, 5, 27, 24), (3, 3), 2, 1))
+    cases = []
+    for xs, (R, S), st, pad in specs:
+        C = xs[1]
+        x = random_array(xs, rng)
+        w = random_array((C * multiplier, 1, R, S), rng)
+        kw = dict(stride=st, padding=pad)
+        expected = ref.conv2d(x.astype(np.float64), w.astype(np.float64), groups=C, **kw)
+        absref = ref.conv2d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64),
+                            groups=C, **kw)
+        cases.append(dict(inputs=[x, w], kwargs=kw, expected=expected, absref=absref,
+                          reduction=R * S, label=f"x{xs} w{tuple(w.shape)} groups={C} "
+                                                 f"stride={st} padding={pad}"))
+    return cases
+
+
+def check_depthwise(fn, *, multiplier: int = 1, stride=True, device=None, seed=None,
+                    runs: int = 2, quiet=False) -> str:
+    """Check a depthwise conv: fn(x (N, C, H, W), w (C·multiplier, 1, R, S), [out], stride=,
+    padding=) -> y (N, C·multiplier, P, Q); output channel k reads input channel
+    k // multiplier (PyTorch's conv2d with groups = C)."""
+    rng = np.random.default_rng(seed)
+    cases = depthwise_cases(rng, multiplier=multiplier, stride=stride)
+    return _run_cases("depthwise", fn, cases, device, runs, quiet, "fp32")
+
+
+def check_filter2d_large(fn, *, seed=None, quiet=False) -> str:
+    """Check fn(image (H, W), kernel (R, S)) -> (H, W) ('same' zero padding) with large,
+    odd, non-square kernels (up to 15 wide): the filters FFT convolution is for."""
+    rng = np.random.default_rng(seed)
+    cases = filter2d_cases(rng, small=False, kernels=[(9, 5), (15, 7)])
+    H, W = 41, 58
+    img, k = random_array((H, W), rng), random_array((3, 11), rng)
+    cases.append(dict(inputs=[img, k], kwargs={},
+                      expected=ref.filter2d(img.astype(np.float64), k.astype(np.float64)),
+                      absref=ref.filter2d(np.abs(img).astype(np.float64),
+                                          np.abs(k).astype(np.float64)),
+                      reduction=33, label=f"image {H}x{W}, filter 3x11, pad (1, 5)"))
+    return _run_cases("filter2d (large filters)", fn, cases, False, 1, quiet, "fp32")
