@@ -868,46 +868,68 @@ def _trace_answer(what: str, fn, args, kwargs):
         raise CheckError(f"{what} FAILED: {e} (not implemented yet?)") from None
 
 
-def global_traffic(t) -> dict:
-    """From a `convlab.trace` Trace: global loads (one per thread per element), and the
-    distinct elements stored into each global array."""
+def traffic(t) -> dict:
+    """From a `convlab.trace` Trace: loads (one per thread per element) of each global and of
+    each shared array, and the distinct elements stored into each global array."""
     stats = list(t.global_stats())
-    loaded = sorted({r["array"] for r in stats if r["kind"] == "load"})
+    glob = sorted({r["array"] for r in stats if r["kind"] == "load"})
     stored = sorted({r["array"] for r in stats if r["kind"] == "store"})
-    return dict(loads=int(sum(int(t.load_counts(a).sum()) for a in loaded)),
+    shared: dict = {}
+    for r in t.shared_stats():
+        if r["kind"] == "load":
+            shared[r["array"]] = shared.get(r["array"], 0) + int(
+                round(r["requests"] * r["threads_per_req"]))
+    return dict(global_loads={a: int(t.load_counts(a).sum()) for a in glob},
+                shared_loads=shared,
                 stored={a: int((t.load_counts(a, kind="store") > 0).sum()) for a in stored})
 
 
-def check_global_loads(fn, *args, max_per_output: float, only_output: bool = True,
-                       quiet=False, **kwargs) -> str:
+def check_loads_per_output(fn, *args, max_per_output: float, array: str | None = None,
+                           space: str = "global", only_output: bool = True, quiet=False,
+                           **kwargs) -> str:
     """Trace one launch of the GPU launcher ``fn(*args, **kwargs)`` and fail if its kernels
-    load more than `max_per_output` values from global memory per output element (every
-    load of every thread counts: caches are not modelled), or, with `only_output`, if they
-    write any global array besides one output (an im2col matrix, say).
+    load more than `max_per_output` values per output element from `space` ('global' or
+    'shared') memory, counting every load of every thread (caches are not modelled), of
+    the launcher argument named `array` only if given (pass it to the kernel unchanged);
+    with `only_output`, also fail if any global array besides one output is written (an
+    im2col matrix, say).
 
-    Register blocking and tiling show up here: a thread that computes several outputs
-    from one loaded value divides the loads per output.
+    Register blocking shows up here: a thread that computes several outputs from every
+    value it loads divides the loads per output.
     """
+    if space not in ("global", "shared"):
+        raise ValueError(f"space must be 'global' or 'shared', got {space!r}")
     name = _name(fn)
-    t = _trace_answer("global loads", fn, args, kwargs)
-    tr = global_traffic(t)
+    t = _trace_answer("loads per output", fn, args, kwargs)
+    tr = traffic(t)
     if not tr["stored"]:
-        raise CheckError(f"global loads FAILED: {name} stores nothing to global memory "
+        raise CheckError(f"loads per output FAILED: {name} stores nothing to global memory "
                          "(not implemented yet?)")
     if only_output and len(tr["stored"]) > 1:
         extra = ", ".join(f"{a} ({n} elements)" for a, n in tr["stored"].items())
-        raise CheckError(f"global loads FAILED: {name} writes {len(tr['stored'])} global "
+        raise CheckError(f"loads per output FAILED: {name} writes {len(tr['stored'])} global "
                          f"arrays: {extra}; only the output should be written (build "
                          "intermediate tiles in shared memory or registers instead)")
     outputs = sum(tr["stored"].values())
-    per = tr["loads"] / outputs
+    loads = tr[f"{space}_loads"]
+    if array is not None:
+        try:
+            arr = t.array(array)
+        except Exception:  # noqa: BLE001  (the tracer's TraceError names what it has)
+            raise CheckError(f"loads per output FAILED: the tracer cannot find the array "
+                             f"{array!r} in {name}'s kernels: pass it to the kernel as it is "
+                             "(not a reshaped view)") from None
+        count = loads.get(arr.name, 0)
+    else:
+        count = sum(loads.values())
+    per = count / outputs
+    what = f"{space}-memory loads" + (f" of {array}" if array else "")
     if not per <= max_per_output:
         raise CheckError(
-            f"global loads FAILED: {name} loads {per:.2f} values from global memory per output "
-            f"({tr['loads']} loads for {outputs} outputs; at most {max_per_output:g} allowed)"
-            "\n  hint: let each thread compute several outputs from every value it loads "
-            "(register blocking), or stage what a block shares in shared memory")
-    line = f"✓ global loads: {name}: {per:.2f} per output (at most {max_per_output:g})"
+            f"loads per output FAILED: {name} makes {per:.2f} {what} per output ({count} for "
+            f"{outputs} outputs; at most {max_per_output:g} allowed)\n  hint: let each "
+            "thread compute several outputs from every value it loads (register blocking)")
+    line = f"✓ loads per output: {name}: {per:.2f} {what} per output (at most {max_per_output:g})"
     if not quiet:
         print(line)
     return line
