@@ -12,10 +12,13 @@ Two ways to run the same work:
 - `run_serial`: decode batch b, copy it (pageable memory), convolve, copy back, then
   batch b + 1. The GPU idles while the CPU decodes and the CPU idles while the GPU works.
 - `run_overlapped`: while the GPU works on batch b, the CPU decodes batch b + 1. Each of
-  two "slots" has its own pinned (page-locked) host buffers, device buffers and CUDA
-  stream; copies are asynchronous (`copy_to_device(..., stream=s)` returns at once, which
-  only pinned memory allows), and the kernels go into the same stream, so a slot's work
-  runs in order while the CPU moves on. The speed-up is at most
+  two "slots" has its own pinned (page-locked) host buffers and device buffers; copies
+  are asynchronous (`copy_to_device(..., stream=s)` returns at once, which only pinned
+  memory allows). The GPU work goes into three streams, one per kind of work (copies in,
+  compute, copies out), ordered by events, so the batches' kernels run first in, first
+  out while a copy runs beside them. (Giving each slot its own stream instead lets two
+  batches' kernels share the GPU, which delays the batch the CPU is waiting for: the
+  H200 timeline of lesson 10 shows it.) The speed-up is at most
   (decode + GPU) / max(decode, GPU): 2x when both stages take as long.
 
 Both record when each stage of each batch ran (`Span`s: host clocks for the CPU, CUDA
@@ -343,20 +346,33 @@ class _Slot:
         self.d_u8 = c.device_array((B, S, S, 3), np.uint8)
         self.d_feat = c.device_array((B, K), np.float32)
         self.stream = c.stream()
-        self.events = [c.event() for _ in range(4)]  # start, copied in, computed, done
+        # copy in start/end, compute start/end, copy out start/end
+        self.events = [c.event() for _ in range(6)]
         self.host_marks: list = []
         self.batch = None
 
 
 def run_overlapped(files: list, stages: list, threads: int | None = None, draft: bool = True,
-                   name: str | None = None) -> RunResult:
+                   name: str | None = None, streams: str = "by-kind") -> RunResult:
     """The same work with the CPU decoding batch b + 1 while the GPU works on batch b.
 
-    stages: one GpuStage per slot (two: double buffering; three: one more batch may wait
-    on the GPU). Needs pinned memory for the copies to be asynchronous.
+    stages: one GpuStage per slot (two: double buffering). Each slot has pinned host
+    buffers (the copies must be asynchronous) and its own device buffers; before the CPU
+    decodes into a slot it waits until the slot's previous batch has left the GPU.
+
+    streams: 'by-kind' (default): one stream for copies in, one for compute, one for copies
+    out, ordered by events: the batches' kernels run one batch after another (first in,
+    first out) while the next batch's copy can run beside them. 'per-slot': each slot
+    queues all its work into its own stream; then two batches' kernels may share the GPU,
+    which delays the older batch, the one the CPU waits for (measured on the H200 in
+    lesson 10: the timeline shows it).
     """
+    if streams not in ("by-kind", "per-slot"):
+        raise ValueError(f"streams must be 'by-kind' or 'per-slot', got {streams!r}")
     c = cuda()
     slots = [_Slot(s) for s in stages]
+    if streams == "by-kind":
+        s_in, s_run, s_out = c.stream(), c.stream(), c.stream()
     B, K = stages[0].batch, stages[0].k
     batches = _batches(files, B)
     feats = np.empty((len(batches) * B, K), np.float32)
@@ -372,11 +388,11 @@ def run_overlapped(files: list, stages: list, threads: int | None = None, draft:
     t_start = t_anchor
 
     def collect(slot):
-        slot.events[3].synchronize()  # the slot's previous batch is finished
+        slot.events[5].synchronize()  # the slot's previous batch is finished
         b = slot.batch
         feats[b * B:(b + 1) * B] = slot.host_feat
         gpu_marks.append((b, slot.events, slot.host_marks))
-        slot.events = [c.event() for _ in range(4)]
+        slot.events = [c.event() for _ in range(6)]
         slot.batch = None
 
     try:
@@ -388,17 +404,23 @@ def run_overlapped(files: list, stages: list, threads: int | None = None, draft:
             decode_into(chunk, slot.host[:len(chunk)], pool, draft)  # GPU busy meanwhile
             t1 = time.perf_counter()
             spans.append(Span("CPU decode", b, t0, t1))
-            s, ev = slot.stream, slot.events
+            ev = slot.events
+            if streams == "per-slot":
+                a_in = a_run = a_out = slot.stream
+            else:
+                a_in, a_run, a_out = s_in, s_run, s_out
             marks = [time.perf_counter()]
-            ev[0].record(s)
-            slot.d_u8.copy_to_device(slot.host, stream=s)  # async: pinned memory
-            ev[1].record(s)
-            marks.append(time.perf_counter())
-            slot.stage.run(slot.d_u8, slot.d_feat, s)
-            ev[2].record(s)
-            marks.append(time.perf_counter())
-            slot.d_feat.copy_to_host(slot.host_feat, stream=s)
-            ev[3].record(s)
+            ev[0].record(a_in)
+            slot.d_u8.copy_to_device(slot.host, stream=a_in)  # async: pinned memory
+            ev[1].record(a_in)
+            ev[1].wait(a_run)  # compute starts after this batch's copy is in ...
+            ev[2].record(a_run)  # ... and after the previous batch's compute (FIFO)
+            slot.stage.run(slot.d_u8, slot.d_feat, a_run)
+            ev[3].record(a_run)
+            ev[3].wait(a_out)
+            ev[4].record(a_out)
+            slot.d_feat.copy_to_host(slot.host_feat, stream=a_out)
+            ev[5].record(a_out)
             marks.append(time.perf_counter())
             slot.host_marks = marks
             slot.batch = b
@@ -411,15 +433,18 @@ def run_overlapped(files: list, stages: list, threads: int | None = None, draft:
     seconds = time.perf_counter() - t_start
     for b, ev, marks in gpu_marks:
         ms = [anchor.elapsed_time(e) for e in ev]
-        if min(ms) < 0:  # the simulator's events have no clock: use the host's marks
-            times = marks
+        if min(ms) < 0:  # the simulator's events have no clock: spread the host's marks
+            t_a, t_b = marks
+            times = [t_a + (t_b - t_a) * i / 5 for i in range(6)]
         else:
             times = [t_anchor + m / 1e3 for m in ms]
         spans += [Span("copy to GPU", b, times[0], times[1]),
-                  Span("GPU compute", b, times[1], times[2]),
-                  Span("copy to CPU", b, times[2], times[3])]
+                  Span("GPU compute", b, times[2], times[3]),
+                  Span("copy to CPU", b, times[4], times[5])]
+    how = "3 streams by kind of work" if streams == "by-kind" else f"{len(slots)} streams, " \
+                                                                  "one per slot"
     label = name or f"overlapped ({threads} decode threads{', draft' if draft else ''}, " \
-                    f"pinned, {len(slots)} streams)"
+                    f"pinned, {how})"
     return RunResult(label, len(files), seconds, spans, feats[:len(files)])
 
 
@@ -442,9 +467,9 @@ def stage_times(files: list, stage: GpuStage, threads: int | None = None, draft=
         slot.d_u8.copy_to_device(slot.host, stream=slot.stream)
         stage.run(slot.d_u8, slot.d_feat, slot.stream)
         slot.d_feat.copy_to_host(slot.host_feat, stream=slot.stream)
-        ev[3].record(slot.stream)
-        ev[3].synchronize()
-        gpu.append(ev[0].elapsed_time(ev[3]) / 1e3)
+        ev[5].record(slot.stream)
+        ev[5].synchronize()
+        gpu.append(ev[0].elapsed_time(ev[5]) / 1e3)
     gpu = gpu[1:]  # the first run compiles the kernels
     d, g = float(np.median(dec)), float(np.median(gpu))
     out = dict(decode_s=d, gpu_s=g, threads=threads)

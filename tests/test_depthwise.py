@@ -75,6 +75,9 @@ def test_depthwise_arithmetic():
     assert dw.loads_per_output(2, stride=2) == 7.5
     assert dw.thread_count((2, 3, 14, 14), 7) == 2 * 3 * 2 * 14
     assert dw.thread_count((1, 1, 14, 14), 4, stride=2) == 2 * 7
+    assert dw.default_tile(14, 1) == dict(v=7, threads=128)
+    assert dw.default_tile(112, 1)["v"] == 8 and dw.default_tile(13, 1)["v"] == 1
+    assert dw.default_tile(7, 2)["v"] == 4
 
 
 @pytest.mark.parametrize("H,W,R,S", [(13, 21, 3, 5), (9, 6, 5, 1), (11, 17, 7, 3)])

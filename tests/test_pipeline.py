@@ -63,9 +63,14 @@ def test_serial_and_overlapped_agree(files):
     stage = pipeline.GpuStage(2, SIDE, K)
     ser = pipeline.run_serial(files, stage, threads=2)
     ovl = pipeline.run_overlapped(files, [pipeline.GpuStage(2, SIDE, K) for _ in range(2)], 2)
+    per_slot = pipeline.run_overlapped(files, [pipeline.GpuStage(2, SIDE, K) for _ in range(2)],
+                                       2, streams="per-slot")
     assert ser.features.shape == (6, K) and np.isfinite(ser.features).all()
     assert np.array_equal(ser.features, ovl.features)
-    for run in (ser, ovl):
+    assert np.array_equal(ser.features, per_slot.features)
+    with pytest.raises(ValueError):
+        pipeline.run_overlapped(files, [], streams="one")
+    for run in (ser, ovl, per_slot):
         lanes = {(s.lane, s.batch) for s in run.spans}
         assert lanes == {(lane, b) for lane in pipeline.LANES for b in range(3)}
         assert all(s.end >= s.start for s in run.spans)

@@ -34,9 +34,19 @@ from numba import cuda, float32, uint32
 from ..reference import conv_params
 from ._launch import Unsupported, ceil_div, launcher
 
-# Outputs per thread (down a column) and threads per block. Chosen by the H200 sweep of
-# tools/gpu/lessons10_11.py (results in convlab/results/h200_lessons10_11.json).
+# Outputs per thread (down a column) and threads per block, from the H200 sweep of
+# tools/gpu/lessons10_11.py (run 1, convlab/results/h200_lessons10_11.json). Stride 1: the
+# largest V <= 8 that divides the output height was fastest (V=7 on 14x14: 23.4 us; V=8
+# on 112x112: 78.1 us; V=4: 27.2 and 86.6 us; V=1: 47 and 178 us), 128 threads a hair
+# ahead of 256. Stride 2 (V in 1, 2, 4 and 256 threads measured): V=4.
 TILE = dict(v=4, threads=256)
+
+
+def default_tile(P: int, stride: int) -> dict:
+    """V and threads per block for an output of height P (see TILE's comment)."""
+    if stride == 1:
+        return dict(v=max(d for d in range(1, 9) if P % d == 0), threads=128)
+    return dict(v=4, threads=256)
 MAX_TAPS = 49  # R*S up to 7x7
 
 _CACHE: dict = {}
@@ -133,10 +143,12 @@ def depthwise_params(name, x, w, out, stride, padding, dilation, groups):
 
 def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, threads=None,
            stream=0):
-    """Run the depthwise kernel with an explicit V (outputs per thread) and block size."""
+    """Run the depthwise kernel; V (outputs per thread) and the block size default to
+    `default_tile`."""
     p = depthwise_params("conv2d_depthwise", x, w, out, stride, padding, dilation, groups)
-    v = TILE["v"] if v is None else int(v)
-    threads = TILE["threads"] if threads is None else int(threads)
+    tile = default_tile(p.P, p.stride[0])
+    v = tile["v"] if v is None else int(v)
+    threads = tile["threads"] if threads is None else int(threads)
     v = max(1, min(v, p.P))
     k = make_kernel(v, p.stride[0], p.R, p.S)
     strips = ceil_div(p.P, v)

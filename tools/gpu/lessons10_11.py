@@ -189,26 +189,33 @@ def _pipeline():
         pl.run_serial(files[:B], st, threads)  # warm-up: compile, thread pool
         times = pl.stage_times(files, st, threads, repeat=3 if not DRY else 1)
         ser = pl.run_serial(files, st, threads)
-        ovl = pl.run_overlapped(files, [pl.GpuStage(B, side, k) for _ in range(2)], threads)
-        same = bool(np.allclose(ser.features, ovl.features, rtol=1e-5, atol=1e-6))
+        stages = [pl.GpuStage(B, side, k) for _ in range(2)]
+        ovl = pl.run_overlapped(files, stages, threads)
+        slot = pl.run_overlapped(files, stages, threads, streams="per-slot")
+        same = bool(np.allclose(ser.features, ovl.features, rtol=1e-5, atol=1e-6)
+                    and np.allclose(ser.features, slot.features, rtol=1e-5, atol=1e-6))
         row = dict(k=k, gflop_per_batch=st.flops / 1e9, **times,
                    serial_images_per_s=ser.images_per_s,
                    overlapped_images_per_s=ovl.images_per_s,
-                   speedup=ovl.images_per_s / ser.images_per_s, same_features=same)
+                   per_slot_images_per_s=slot.images_per_s,
+                   speedup=ovl.images_per_s / ser.images_per_s,
+                   per_slot_speedup=slot.images_per_s / ser.images_per_s, same_features=same)
         rows.append(row)
-        PIPE[k] = (ser, ovl)
+        PIPE[k] = (ser, ovl, slot)
         print(f"  k={k:3d}: decode {times['decode_s'] * 1e3:6.1f} ms, GPU "
               f"{times['gpu_s'] * 1e3:6.1f} ms per batch (bound "
               f"{times.get('bound', 0):.2f}x): serial "
               f"{ser.images_per_s:6.0f} img/s, overlapped {ovl.images_per_s:6.0f} img/s = "
-              f"{row['speedup']:.2f}x, same features: {same}")
+              f"{row['speedup']:.2f}x (streams per slot {row['per_slot_speedup']:.2f}x), "
+              f"same features: {same}")
     res["rows"] = rows
     # the headline: the workload whose two stages are closest to balanced (chosen from the
     # stage times, before looking at end-to-end results)
     best = min(rows, key=lambda r: abs(np.log(max(r["gpu_s"], 1e-9) / r["decode_s"])))
     res["balanced_k"] = best["k"]
-    ser, ovl = PIPE[best["k"]]
-    res["timeline"] = dict(k=best["k"], serial=ser.spans_dict(), overlapped=ovl.spans_dict())
+    ser, ovl, slot = PIPE[best["k"]]
+    res["timeline"] = dict(k=best["k"], serial=ser.spans_dict(), overlapped=ovl.spans_dict(),
+                           per_slot=slot.spans_dict())
     # the source's chain at that workload: unoptimized decode, serial -> optimized + overlap
     nb0 = max(2, NB // 3)
     base = pl.run_serial(files[:B * nb0], pl.GpuStage(B, side, best["k"]), threads=1,
@@ -216,7 +223,7 @@ def _pipeline():
     res["baseline"] = base.summary()
     res["chain"] = {"serial, 1 thread, full decode": base.images_per_s,
                     f"serial, {threads} threads, draft": ser.images_per_s,
-                    "overlapped, pinned, 2 streams": ovl.images_per_s}
+                    "overlapped, pinned, streams by kind": ovl.images_per_s}
     print("  chain:", {k: round(v) for k, v in res["chain"].items()})
     return res
 
@@ -339,6 +346,46 @@ def _depthwise():
             dxs.clear()  # free the device memory before the next layer
             dys.clear()
     return res
+
+
+@section("l11_depthwise_block", optional=True)
+def _block():
+    """Source 003's claim, timed: a standard 3x3 conv vs depthwise 3x3 + pointwise 1x1
+    (MobileNet's block) on the 512-channel 14x14 layer at batch 32."""
+    if not baselines.torch_available() and not DRY:
+        return {"skipped": "no PyTorch"}
+    prob = problems.depthwise_layer("dw512")
+    N, C, H, W = prob.x_shape
+    rng = np.random.default_rng(17)
+    x = check.random_array(prob.x_shape, rng)
+    w_std = check.random_array((C, C, 3, 3), rng)
+    w_dw = check.random_array((C, 1, 3, 3), rng)
+    w_pw = check.random_array((C, C, 1, 1), rng)
+    dx, dwt = cuda.to_device(x), cuda.to_device(w_dw)
+    dy = cuda.device_array(prob.out_shape, np.float32)
+    rows = dict(params=dict(standard=ref.conv2d_params_count(C, C, 3, 3),
+                            depthwise=ref.conv2d_params_count(C, C, 3, 3, groups=C),
+                            pointwise=ref.conv2d_params_count(C, C, 1, 1)),
+                flops=dict(standard=ref.conv2d_flops(x.shape, w_std.shape, padding=1),
+                           depthwise=ref.conv2d_flops(x.shape, w_dw.shape, padding=1, groups=C),
+                           pointwise=ref.conv2d_flops(x.shape, w_pw.shape)))
+    ms = {"depthwise (course kernel)": queued_ms(lambda: dw.conv2d_depthwise(dx, dwt, dy,
+                                                                              padding=1))}
+    if not DRY:
+        torch = baselines.set_torch_precision("fp32")
+        F = torch.nn.functional
+        tx = torch.from_numpy(x).cuda()
+        ts, td, tp = (torch.from_numpy(a).cuda() for a in (w_std, w_dw, w_pw))
+        hold = {}
+        for name, fn in (("standard 3x3 (cuDNN)", lambda: F.conv2d(tx, ts, padding=1)),
+                         ("depthwise (PyTorch)", lambda: F.conv2d(tx, td, padding=1, groups=C)),
+                         ("pointwise 1x1 (cuDNN)", lambda: F.conv2d(tx, tp)),
+                         ("depthwise + pointwise (PyTorch)", lambda: F.conv2d(
+                             F.conv2d(tx, td, padding=1, groups=C), tp))):
+            ms[name] = queued_ms(lambda: hold.__setitem__("y", fn()), calls=10, repeat=5)
+    rows["ms"] = ms
+    print(rows)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------
@@ -606,7 +653,8 @@ for r in pp.get("rows", []):
     print(f"pipeline k={r['k']:3d}: decode {r['decode_s'] * 1e3:5.1f} ms GPU "
           f"{r['gpu_s'] * 1e3:5.1f} ms/batch; serial {r['serial_images_per_s']:6.0f} "
           f"overlapped {r['overlapped_images_per_s']:6.0f} img/s = {r['speedup']:.2f}x "
-          f"(bound {r.get('bound', 0):.2f}x) same={r['same_features']}")
+          f"(bound {r.get('bound', 0):.2f}x; per-slot streams "
+          f"{r.get('per_slot_speedup', 0):.2f}x) same={r['same_features']}")
 if pp.get("chain"):
     print("chain (img/s): " + ", ".join(f"{k} {v:.0f}" for k, v in pp["chain"].items()))
 mg = RES["sections"].get("l10_multi_gpu") or {}
@@ -639,6 +687,9 @@ if fc:
 wa = RES["sections"].get("l11_winograd_accuracy") or {}
 for k, v in (wa.get("errors") or {}).items():
     print(f"{k}: max rel err {v['winograd']['max']:.2e} (direct fp32 {v['direct']['max']:.2e})")
+bl = RES["sections"].get("l11_depthwise_block") or {}
+if bl.get("ms"):
+    print("block 512ch 14x14 (ms): " + ", ".join(f"{k} {v:.4f}" for k, v in bl["ms"].items()))
 wg = RES["sections"].get("l11_winograd_gpu") or {}
 for r in wg.get("rows", []):
     print(f"{r['name']:32s} {r['ms']:.3f} ms ok={r['ok']}")
