@@ -256,3 +256,128 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ----------------------------------------------------------------------------------------
+# A stand-in for CuPy whose RawModule runs the kernels through this emulator, so that the
+# Python launchers (argument lists, grids, plans) run end to end without a GPU.
+
+_SIGNATURES = {  # kernel -> C argument types, in order
+    "gemm": ["const half_t*", "const half_t*", "float*", "int", "int", "int"],
+    "conv": ["const half_t*", "const half_t*", "float*"] + ["int"] * 17,
+    "pack": ["const void*", "half_t*"] + ["int"] * 6,
+    "to_half": ["const float*", "half_t*", "long long"],
+}
+
+
+def _kind(name: str) -> str:
+    if name.startswith("wmma_gemm"):
+        return "gemm"
+    if name.startswith("wmma_conv"):
+        return "conv"
+    if name.startswith("pack_filters"):
+        return "pack"
+    return name
+
+
+def build_launchers(names, workdir=None):
+    """A shared library with launch_<i>(gx, gy, gz, nt, const uint64_t* args) per name."""
+    wm = _load_kernels()
+    lines = [PRELUDE, wm.CUDA_SOURCE, 'extern "C" {']
+    for i, name in enumerate(names):
+        sig = _SIGNATURES[_kind(name)]
+        call = ", ".join(f"({t})a[{j}]" for j, t in enumerate(sig))
+        lines.append(f"void launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned nt, "
+                     f"const uint64_t* a) {{ g_late = 1; run_grid(gx, gy, gz, nt, [=] {{ "
+                     f"{name}({call}); }}); }}")
+    lines.append("}")
+    src = "\n".join(lines)
+    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
+    work = Path(workdir or tempfile.gettempdir())
+    so = work / f"wmma_launch_{tag}.so"
+    if not so.exists():
+        cpp = work / f"wmma_launch_{tag}.cpp"
+        cpp.write_text(src)
+        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC",
+                            "-DCONVLAB_EMULATE", "-w", str(cpp), "-o", str(so)],
+                           capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(r.stderr[-4000:])
+    return ctypes.CDLL(str(so))
+
+
+def fake_cupy():
+    """A module that looks enough like CuPy for wmma01_gemm_cuda (NumPy arrays on the host;
+    kernels run on the CPU through the emulator). Launch records: module.LAUNCHES."""
+    fake = types.ModuleType("cupy")
+    for k in ("float16", "float32", "float64", "abs", "all", "isfinite", "max", "nan",
+              "array_equal", "prod"):
+        setattr(fake, k, getattr(np, k))
+
+    class Ptr:
+        def __init__(self, a):
+            self.ptr = a.ctypes.data
+
+    class Arr(np.ndarray):
+        @property
+        def data(self):
+            return Ptr(self)
+
+        def get(self):
+            return np.asarray(self)
+
+    def wrap(a):
+        return np.ascontiguousarray(a).view(Arr)
+
+    def asarray(a, dtype=None):
+        if hasattr(a, "detach"):  # torch (CPU in a dry run): share its memory
+            a = a.detach().numpy()
+        elif hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray):
+            raise TypeError("fake cupy: numba device arrays are not shared in a dry run")
+        a = np.asarray(a, dtype=dtype)
+        return a.view(Arr) if a.flags.c_contiguous else wrap(a)
+
+    fake.asarray = asarray
+    fake.asnumpy = lambda a: np.asarray(a)
+    def shp(s):
+        return (s,) if isinstance(s, (int, np.integer)) else tuple(s)
+
+    fake.empty = lambda shape, dtype=np.float32: wrap(np.empty(shp(shape), dtype))
+    fake.zeros = lambda shape, dtype=np.float32: wrap(np.zeros(shp(shape), dtype))
+    fake.full = lambda shape, v, dtype=np.float32: wrap(np.full(shp(shape), v, dtype))
+    fake.LAUNCHES = []
+
+    class RawModule:
+        def __init__(self, code, options=(), name_expressions=()):
+            self.names = list(name_expressions)
+            self.lib = build_launchers(self.names)
+
+        def get_function(self, name):
+            i = self.names.index(name)
+            n_args = len(_SIGNATURES[_kind(name)])
+            fn = getattr(self.lib, f"launch_{i}")
+
+            def launch(grid, block, args):
+                if len(args) != n_args:
+                    raise TypeError(f"{name} takes {n_args} arguments, got {len(args)}")
+                vals = []
+                for a in args:
+                    if isinstance(a, np.ndarray):
+                        vals.append(a.ctypes.data)
+                    else:
+                        vals.append(int(a) & (2**64 - 1))
+                g = tuple(grid) + (1,) * (3 - len(grid))
+                fake.LAUNCHES.append((name, g, tuple(block)))
+                arr = (ctypes.c_uint64 * len(vals))(*vals)
+                fn(ctypes.c_uint(g[0]), ctypes.c_uint(g[1]), ctypes.c_uint(g[2]),
+                   ctypes.c_uint(block[0]), arr)
+            return launch
+
+    fake.RawModule = RawModule
+
+    class Device:
+        compute_capability = "90"
+
+    runtime = types.SimpleNamespace(deviceSynchronize=lambda: None, getDeviceCount=lambda: 1)
+    fake.cuda = types.SimpleNamespace(Device=Device, runtime=runtime)
+    return fake

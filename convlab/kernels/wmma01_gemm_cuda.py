@@ -520,8 +520,8 @@ def _module(configs=()):
 
 
 def require_tensor_cores():
-    """Raise Unsupported unless this GPU has fp16 tensor cores (compute capability 7.0+)
-    and cp.async for the tiled GEMM (8.0+ is checked there)."""
+    """Raise Unsupported unless this GPU has fp16 tensor cores (compute capability 7.0+).
+    Before 8.0 (V100, T4) the tiled GEMM copies slabs through registers (no cp.async)."""
     import cupy as cp
 
     cc = cp.cuda.Device().compute_capability
@@ -603,8 +603,9 @@ def gemm_wmma_raw(a, b, out, cfg: GemmConfig | None = None, simple: bool = False
     """C = A @ B on tensor cores: a (M, K) and b (K, N) fp16, out (M, N) fp32, device arrays.
 
     The tiled kernel needs M, N, K multiples of the tile (BM, BN, BK); ``simple=True``
-    (or shapes that are only multiples of 16) uses one warp per 16x16 tile. Other shapes
-    are refused: `gemm_fp16` pads them.
+    uses one warp per 16x16 tile. Without a `cfg`, shapes that are multiples of 16 but
+    not of the default tile take the simple kernel; other shapes are refused (an explicit
+    `cfg` the shape does not fit, too): `gemm_fp16` pads them.
     """
     import cupy as cp
 
@@ -623,12 +624,15 @@ def gemm_wmma_raw(a, b, out, cfg: GemmConfig | None = None, simple: bool = False
     if M % 16 or N % 16 or K % 16:
         raise Unsupported(f"{name}: M, N, K must be multiples of 16, got {M}, {N}, {K} "
                           "(gemm_fp16 pads)")
+    explicit = cfg is not None
     cfg = (cfg or GEMM_DEFAULT).validate()
     if max(M * K, K * N, M * N) >= 2**31:
         raise Unsupported(f"{name}: matrices must have fewer than 2**31 elements")
-    cc = require_tensor_cores()
-    tiled = (not simple and cc >= 80 and M % cfg.BM == 0 and N % cfg.BN == 0
-             and K % cfg.BK == 0)
+    require_tensor_cores()
+    tiled = not simple and M % cfg.BM == 0 and N % cfg.BN == 0 and K % cfg.BK == 0
+    if explicit and not simple and not tiled:
+        raise Unsupported(f"{name}: tile {cfg} needs M, N, K multiples of {cfg.BM}, "
+                          f"{cfg.BN}, {cfg.BK}; got {M}, {N}, {K}")
     mod = _module([cfg])
     i32 = np.int32
     args = (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)), i32(M), i32(N),
