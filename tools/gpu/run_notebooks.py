@@ -2,9 +2,10 @@
 
     python3 tools/gpu/run_notebooks.py OUTDIR [notebooks/04_*.ipynb ...]
 
-Writes the executed notebooks into OUTDIR/notebooks.tar.gz (to commit as lesson outputs)
-and a line per notebook (cells, seconds, errors) into OUTDIR/notebooks.log. A notebook
-that raises is still saved, with its error, and reported.
+Appends each executed notebook to OUTDIR/notebooks.tar as soon as it finishes (so a run
+cut short by a time limit keeps what finished; commit them as lesson outputs) and a line
+per notebook (cells, seconds, errors) to OUTDIR/notebooks.log. A notebook that raises is
+still saved, with its error, and reported.
 """
 
 import io
@@ -27,28 +28,29 @@ def main() -> int:
     paths = [Path(p) for p in sys.argv[2:]] or sorted((ROOT / "notebooks").glob("*.ipynb"))
     env = dict(os.environ, CONVLAB_MODE="gpu")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    log, failed = [], 0
-    with tarfile.open(out / "notebooks.tar.gz", "w:gz") as tar:
-        for path in paths:
-            nb = nbformat.read(path, as_version=4)
-            client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                                    resources={"metadata": {"path": str(path.parent)}})
-            t0, err = time.monotonic(), ""
-            try:
-                client.execute(env=env, cwd=str(path.parent))
-            except CellExecutionError as e:
-                err, failed = str(e).splitlines()[-1][:300], failed + 1
-            except Exception as e:  # noqa: BLE001  (report and keep going)
-                err, failed = f"{type(e).__name__}: {e}"[:300], failed + 1
-            line = (f"{path.name}: {sum(c.cell_type == 'code' for c in nb.cells)} code cells, "
-                    f"{time.monotonic() - t0:.1f} s{', ERROR ' + err if err else ''}")
-            print(line, flush=True)
-            log.append(line)
-            data = nbformat.writes(nb).encode()
-            info = tarfile.TarInfo(f"notebooks/{path.name}")
-            info.size = len(data)
+    failed = 0
+    (out / "notebooks.log").write_text("")
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        t0, err = time.monotonic(), ""
+        try:
+            client.execute(env=env, cwd=str(path.parent))
+        except CellExecutionError as e:
+            err, failed = str(e).splitlines()[-1][:300], failed + 1
+        except Exception as e:  # noqa: BLE001  (report and keep going)
+            err, failed = f"{type(e).__name__}: {e}"[:300], failed + 1
+        line = (f"{path.name}: {sum(c.cell_type == 'code' for c in nb.cells)} code cells, "
+                f"{time.monotonic() - t0:.1f} s{', ERROR ' + err if err else ''}")
+        print(line, flush=True)
+        with open(out / "notebooks.log", "a") as f:
+            f.write(line + "\n")
+        data = nbformat.writes(nb).encode()
+        info = tarfile.TarInfo(f"notebooks/{path.name}")
+        info.size = len(data)
+        with tarfile.open(out / "notebooks.tar", "a") as tar:
             tar.addfile(info, io.BytesIO(data))
-    (out / "notebooks.log").write_text("\n".join(log) + "\n")
     return 1 if failed else 0
 
 
