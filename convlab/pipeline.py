@@ -648,8 +648,32 @@ def check_split(u8: np.ndarray, k: int, devices=None, seed: int = 0) -> dict:
 LANES = ("CPU decode", "copy to GPU", "GPU compute", "copy to CPU")
 
 
+def _levels(rows: list) -> dict:
+    """Stack bars that overlap in time within a lane: id(row) -> (level, levels in lane)."""
+    out = {}
+    for lane in {r["lane"] for r in rows}:
+        ends: list = []
+        mine = sorted((r for r in rows if r["lane"] == lane), key=lambda r: r["start"])
+        lv = {}
+        for r in mine:
+            free = [i for i, e in enumerate(ends) if e <= r["start"] + 1e-9]
+            i = free[0] if free else len(ends)
+            if i == len(ends):
+                ends.append(r["end"])
+            else:
+                ends[i] = r["end"]
+            lv[id(r)] = i
+        for r in mine:
+            out[id(r)] = (lv[id(r)], len(ends))
+    return out
+
+
 def draw_timeline(spans, title: str = "", ax=None, lanes=LANES, t_max: float | None = None):
-    """A Gantt chart of Spans (or their dicts): one row per stage, one colour per batch."""
+    """A Gantt chart of Spans (or their dicts): one row per stage, one colour per batch.
+
+    Bars of one stage that overlap in time (two batches on the GPU at once) are drawn
+    side by side in thinner sub-rows, so concurrency shows.
+    """
     import matplotlib.pyplot as plt
 
     rows = [s if isinstance(s, dict) else asdict(s) for s in spans]
@@ -658,15 +682,20 @@ def draw_timeline(spans, title: str = "", ax=None, lanes=LANES, t_max: float | N
     t0 = min(r["start"] for r in rows)
     span_ms = (t_max or max(r["end"] for r in rows) - t0) * 1e3
     cmap = plt.get_cmap("tab10")
+    levels = _levels([r for r in rows if r["lane"] in lanes])
     for r in rows:
         if r["lane"] not in lanes:
             continue
         y = len(lanes) - 1 - lanes.index(r["lane"])
+        level, n = levels[id(r)]
+        h = 0.76 / n
+        y0 = y + 0.38 - (level + 1) * h
         a, b = (r["start"] - t0) * 1e3, (r["end"] - t0) * 1e3
-        ax.broken_barh([(a, max(b - a, 1e-3))], (y - 0.38, 0.76),
+        ax.broken_barh([(a, max(b - a, 1e-3))], (y0, h),
                        facecolors=cmap(r["batch"] % 10), edgecolor="0.25", linewidth=0.4)
         if b - a > 0.03 * span_ms:
-            ax.text((a + b) / 2, y, str(r["batch"]), ha="center", va="center", fontsize=7)
+            ax.text((a + b) / 2, y0 + h / 2, str(r["batch"]), ha="center", va="center",
+                    fontsize=7)
     ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
     ax.set_xlabel("ms since the first batch started")
     if t_max:

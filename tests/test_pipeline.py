@@ -88,6 +88,10 @@ def test_timeline_picture(files):
     fig = pipeline.draw_timelines([spans, spans], ["a", "b"])
     assert len(fig.axes) == 2
     assert len(fig.axes[0].collections) == 12  # one bar per stage and batch
+    both = [pipeline.Span("GPU compute", 0, 0.0, 2.0), pipeline.Span("GPU compute", 1, 1.0, 2.0),
+            pipeline.Span("GPU compute", 2, 2.0, 3.0)]
+    lv = pipeline._levels([vars(s) for s in both])
+    assert sorted(lv.values()) == [(0, 2), (0, 2), (1, 2)]  # batch 1 ran beside batch 0
 
 
 def test_split_batch():
