@@ -44,16 +44,18 @@ import threading
 import types
 
 MARK = "# convlab-grader "
-# What an answer may not call while it is being checked. In convlab.reference and
-# convlab.baselines: every public function except helpers. In convlab.kernels and
-# convlab.cpu: kernels, launchers (``@launcher``) and functions named like an answer or a
-# kernel factory. A module can allow more names with ``GRADING_ALLOWED = ("name", ...)``.
+# What an answer may not call while it is being checked. In convlab.reference,
+# convlab.baselines and convlab.precision: every public function except helpers. In
+# convlab.kernels and convlab.cpu: kernels, launchers (``@launcher``) and functions named
+# like an answer or a kernel factory. A module can allow more names with
+# ``GRADING_ALLOWED = ("name", ...)``.
 _HELPER_NAMES = re.compile(
     r"^(pair|conv_params|ConvParams|pad_nchw|.*_shape|.*_shapes|.*_flops|.*_bytes|.*_count|"
     r"arithmetic_intensity|ceil_div|launcher|.*_launch_params|.*_report|.*_available|"
     r".*_grid|set_.*|as_numpy|Unsupported)$")
-_WRAP_ALL_MODULES = ("convlab.reference", "convlab.baselines")
-_ANSWER_MODULES = ("convlab.reference", "convlab.baselines", "convlab.kernels", "convlab.cpu")
+_WRAP_ALL_MODULES = ("convlab.reference", "convlab.baselines", "convlab.precision")
+_ANSWER_MODULES = ("convlab.reference", "convlab.baselines", "convlab.kernels", "convlab.cpu",
+                   "convlab.precision")
 _ANSWER_NAMES = re.compile(
     r"^(conv2d.*|filter2d.*|gemm.*|im2col.*|col2im.*|depthwise.*|separable.*|make_.*|"
     r"launch.*|.*_launch|launcher_for|prepare|transpose.*|nchw_to_nhwc|nhwc_to_nchw)$")
