@@ -1,10 +1,10 @@
 """Depthwise 3x3 convolution (groups = channels), NCHW: a memory-bound kernel.
 
 Each output channel sees one input channel through its own R x S filter, so an output
-costs R*S = 9 multiply-adds and the layer does 9 of them per 8 bytes it must move (read x
-once, write y once): 1.1 FLOP/byte, far left of the roofline's ridge (~10 FLOP/byte on an
-H200). Its speed limit is the memory bandwidth, so the kernel is judged in GB/s against a
-plain copy, not in FLOP/s.
+costs R*S = 9 multiply-adds (18 FLOPs) for the 8 bytes the layer must move per output (read
+x once, write y once): about 2 FLOP/byte, far left of the roofline's ridge (10-20
+FLOP/byte on an H200). Its speed limit is the memory bandwidth, so the kernel is judged in
+GB/s against a plain copy, not in FLOP/s.
 
 Mapping: one thread computes V outputs stacked in one column of one channel (a "strip"),
 and neighbouring threads take neighbouring columns, so a warp reads and writes rows of
