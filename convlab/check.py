@@ -965,22 +965,6 @@ def check_bank_conflicts(fn, *args, max_ways: float = 1.0, kind="load", quiet=Fa
 # Lessons 10-11: pipeline timing, weighted splits, separable factors, depthwise, large filters
 
 
-def _pipeline_reference(times, slots=None) -> float:
-    """Finish time of a pipeline: stage s of batch b starts when stage s - 1 of batch b and
-    stage s of batch b - 1 have finished, and (with `slots`) batch b's first stage when
-    batch b - slots has left the last stage."""
-    t = np.asarray(times, dtype=np.float64)
-    B, S = t.shape
-    end = np.zeros((B, S))
-    for b in range(B):
-        for s in range(S):
-            start = max(end[b, s - 1] if s else 0.0, end[b - 1, s] if b else 0.0)
-            if s == 0 and slots is not None and b >= slots:
-                start = max(start, end[b - slots, S - 1])
-            end[b, s] = start + t[b, s]
-    return float(end[-1, -1])
-
-
 def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
     """fn(times, slots=None) -> when the last batch leaves the last stage.
 
@@ -989,6 +973,21 @@ def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
     at most that many batches in flight (a batch enters the first stage only when the
     batch `slots` places earlier has left the last stage); None: no limit.
     """
+    def reference(times, slots=None) -> float:
+        """Finish time of a pipeline: stage s of batch b starts when stage s - 1 of batch b and
+        stage s of batch b - 1 have finished, and (with `slots`) batch b's first stage when
+        batch b - slots has left the last stage."""
+        t = np.asarray(times, dtype=np.float64)
+        B, S = t.shape
+        end = np.zeros((B, S))
+        for b in range(B):
+            for s in range(S):
+                start = max(end[b, s - 1] if s else 0.0, end[b - 1, s] if b else 0.0)
+                if s == 0 and slots is not None and b >= slots:
+                    start = max(start, end[b - slots, S - 1])
+                end[b, s] = start + t[b, s]
+        return float(end[-1, -1])
+
     rng = np.random.default_rng(seed)
     task = "pipeline time"
     cases = [(np.array([[3.0]]), None), (np.array([[2.0, 5.0, 1.0]]), None),
@@ -1004,7 +1003,7 @@ def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
         label = f"times {times.tolist()}" + (f", slots={slots}" if slots is not None else "")
         kw = {} if slots is None else {"slots": slots}
         got = _as_float(task, _value_call(task, fn, (times.copy(),), kw, label), label)
-        want = _pipeline_reference(times, slots)
+        want = reference(times, slots)
         if not _close(got, want, 1e-9):
             hint = ""
             if _close(got, float(times.sum()), 1e-9) and slots != 1:
@@ -1012,7 +1011,7 @@ def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
             elif _close(got, float(times.sum(axis=0).max()), 1e-9):
                 hint = (" (that is the busiest stage's total: the pipeline also has to fill and "
                         "drain)")
-            elif slots is not None and _close(got, _pipeline_reference(times), 1e-9):
+            elif slots is not None and _close(got, reference(times), 1e-9):
                 hint = f" (that ignores slots={slots}: a batch needs a free slot to start)"
             raise CheckError(f"{task} FAILED on {label}: got {got:.6g}, expected {want:.6g}"
                              f"{hint}")
