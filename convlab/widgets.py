@@ -245,3 +245,280 @@ def build_explorer(image, filters: dict, pos=(0, 0)):
     box.controls = dict(filter=pick, row=row, column=col, play=play, picture=picture,
                         formula=text)
     return box
+
+
+# ----------------------------------------------------------------------------------------
+# Lesson 13: the autotuner explorer. Pick a tile shape, check it, time it on a GPU (or,
+# under the simulator, check it where the simulator can run it and show the H200's time).
+
+TUNER_FAMILIES = {
+    # family -> (what, parameters with their choices, stored-results label)
+    "numba": ("conv07 pipelined implicit GEMM (Numba)",
+              {"BM": (32, 64, 128), "BN": (64, 128), "BK": (8, 16), "min_blocks": (0, 2, 3)}),
+    "cuda": ("conv09 implicit GEMM (CUDA C, cp.async)",
+             {"BM": (64, 128), "BN": (64, 128), "BK": (8, 16), "STAGES": (3, 4),
+              "MINB": (1, 2, 4), "SPLIT_K": (1, 2)}),
+    "wmma": ("WMMA implicit GEMM (tensor cores, fp16)",
+             {"BM": (64, 128), "BN": (64, 128), "BK": (16, 32), "WM": (32, 64),
+              "WN": (32, 64)}),
+}
+
+
+def tuner_config(family: str, params: dict):
+    """The kernel module's Config for `params` (validated where the module can)."""
+    if family == "numba":
+        from .kernels.conv07_implicit_gemm_pipelined import Config
+
+        p = dict(params)
+        p["min_blocks"] = p.get("min_blocks") or None
+        return Config(**p)
+    if family == "cuda":
+        from .kernels.conv09_implicit_gemm_cuda import Config
+
+        return Config(**params).validate()
+    if family == "wmma":
+        from .kernels.wmma01_gemm_cuda import ConvConfig
+
+        return ConvConfig(**params).validate()
+    raise ValueError(f"unknown family {family!r}; known: {', '.join(TUNER_FAMILIES)}")
+
+
+def _stored_key(family: str, cfg) -> str:
+    if family == "numba":
+        s = f"conv07 {cfg.BM}, {cfg.BN}, {cfg.BK}"
+        return s + (f", min_blocks={cfg.min_blocks}" if cfg.min_blocks else "")
+    if family == "cuda":
+        return f"conv09 cuda {cfg}"
+    return str(cfg)
+
+
+def stored_tile_times(family: str, layer: str) -> dict:
+    """Tile shape -> (ms, % of the layer's cuDNN baseline) measured on the H200, and the
+    baseline's name: ({key: (ms, pct)}, baseline)."""
+    from . import bench, problems
+
+    li = problems.RESNET.index(layer)
+    if family == "wmma":
+        try:
+            data = bench.stored_results("h200_lessons12_13")
+        except FileNotFoundError:
+            return {}, "cuDNN fp16"
+        lay = next((x for x in data.get("wmma_conv", []) if x["layer"] == layer), None)
+        out = {s["config"]: (s["ms"], s["pct_cudnn_fp16"]) for s in (lay or {}).get(
+            "sweep", []) if s.get("ms")}
+        return out, "cuDNN fp16"
+    data = bench.stored_results("h200")
+    prefix = "conv07 " if family == "numba" else "conv09 cuda "
+    out = {}
+    for key, v in data.get("sweep", {}).get("variants", {}).items():
+        if key.startswith(prefix) and v.get(f"{layer}_ms"):
+            out[key] = (v[f"{layer}_ms"], v["pct_cudnn"][li])
+    return out, "cuDNN fp32"
+
+
+class Tuner:
+    """What the explorer does, without the widgets (usable from code and tests).
+
+    ``try_config(family, params, layer)`` builds the tile shape, checks it against a
+    float64 reference on the layer's own random inputs (fp16 tolerance for WMMA) and,
+    on a GPU, times it beside cuDNN in the same run. Under the simulator the Numba
+    kernel is checked on the layer's tiny stand-in; the CUDA C and WMMA kernels cannot
+    run there (CuPy needs a GPU) and are only validated; the H200's stored time is shown.
+    Every try becomes a row of ``rows``.
+    """
+
+    def __init__(self):
+        self.rows: list = []
+        self._baseline: dict = {}
+
+    def _launcher(self, family, cfg):
+        if family == "numba":
+            from .kernels.conv07_implicit_gemm_pipelined import launcher_for
+
+            return launcher_for(cfg)
+        if family == "cuda":
+            from .kernels.conv09_implicit_gemm_cuda import make_launcher
+
+            return make_launcher(cfg)
+        from .kernels.wmma01_gemm_cuda import make_conv_launcher
+
+        return make_conv_launcher(cfg)
+
+    def baseline_ms(self, family, layer):
+        from . import baselines, bench, check, problems
+
+        prec = "fp16" if family == "wmma" else "fp32"
+        key = (prec, layer)
+        if key not in self._baseline:
+            prob = problems.conv_layer(layer)
+            rng = np.random.default_rng(0)
+            impl = baselines.cudnn_conv_impl(prob, prec)
+            st = impl.prepare(check.random_array(prob.x_shape, rng),
+                              check.random_array(prob.w_shape, rng))
+            self._baseline[key] = bench.time_gpu(impl.run, st, repeat=10).median_ms
+        return self._baseline[key]
+
+    def try_config(self, family: str, params: dict, layer: str = "resnet128") -> dict:
+        from . import bench, check, problems
+        from . import reference as ref
+        from .runtime import is_simulator
+
+        row = dict(family=family, layer=layer, params=dict(params), config=None, ok=False,
+                   ms=None, pct=None, stored_ms=None, stored_pct=None, note="")
+        self.rows.append(row)
+        try:
+            cfg = tuner_config(family, params)
+        except (ValueError, TypeError) as e:
+            row["note"] = f"refused: {e}"
+            return row
+        row["config"] = str(cfg)
+        stored, base_name = stored_tile_times(family, layer)
+        row["baseline"] = base_name
+        hit = stored.get(_stored_key(family, cfg))
+        if hit:
+            row["stored_ms"], row["stored_pct"] = hit
+        sim = is_simulator()
+        if sim and family != "numba":
+            row["note"] = "valid tile; CUDA C needs a GPU (CuPy): not run here"
+            return row
+        prob = problems.conv_layer(layer)
+        rng = np.random.default_rng(1)
+        x = check.random_array(prob.x_shape, rng)
+        w = check.random_array(prob.w_shape, rng)
+        kw = prob.kwargs
+        x64, w64 = x.astype(np.float64), w.astype(np.float64)
+        expected = ref.conv2d_im2col(x64, w64, **kw)
+        absref = ref.conv2d_im2col(np.abs(x64), np.abs(w64), **kw)
+        try:
+            from .runtime import cuda
+
+            c = cuda()
+            launch = self._launcher(family, cfg)
+            xd, wd = c.to_device(x), c.to_device(w)
+            out = c.to_device(check.poisoned(prob.out_shape))
+            launch(xd, wd, out, **kw)
+            c.synchronize()
+            comp = check.compare(out.copy_to_host(), expected, absref, prob.C * prob.R * prob.S,
+                                 "fp16" if family == "wmma" else "fp32")
+            row["max_rel_err"] = comp.max_rel
+            if not comp.ok:
+                row["note"] = "WRONG: " + comp.summary()
+                return row
+            row["ok"] = True
+            if sim:
+                row["note"] = "checked on the simulator's small layer; not timed"
+                return row
+            t = bench.time_gpu(launch, xd, wd, out, repeat=10, **kw)
+            row["ms"] = t.median_ms
+            row["pct"] = 100 * self.baseline_ms(family, layer) / t.median_ms
+        except Exception as e:  # noqa: BLE001  (a tile that cannot run is one row)
+            row["note"] = f"{type(e).__name__}: {e}"[:200]
+        return row
+
+    def table(self) -> str:
+        lines = [f"{'kernel':<7}{'layer':<11}{'tile':<30}{'check':<7}{'ms here':>9}"
+                 f"{'%':>6}{'H200 ms':>9}{'H200 %':>8}  note"]
+        for r in self.rows:
+            def f(v, fmt):
+                return format(v, fmt) if v is not None else "-"
+            lines.append(f"{r['family']:<7}{r['layer']:<11}{str(r['config'] or r['params']):<30}"
+                         f"{'ok' if r['ok'] else '-':<7}{f(r['ms'], '.4f'):>9}"
+                         f"{f(r['pct'], '.0f'):>6}{f(r['stored_ms'], '.4f'):>9}"
+                         f"{f(r['stored_pct'], '.0f'):>8}  {r['note']}")
+        return "\n".join(lines)
+
+
+def render_tuner(family: str, layer: str, rows: list, figsize=(8.4, 3.4)):
+    """Bars: the H200's stored times of every tile of `family` on `layer` (% of its cuDNN
+    baseline), the tiles tried here outlined, this machine's measurements as dots."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    stored, base = stored_tile_times(family, layer)
+    fig = Figure(figsize=figsize, dpi=90)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    tried = [r for r in rows if r["family"] == family and r["layer"] == layer and r["config"]]
+    names = sorted(stored, key=lambda k: -stored[k][1])
+    for r in tried:
+        k = _stored_key(family, tuner_config(family, r["params"]))
+        if k not in names:
+            names.append(k)
+    pct = [stored.get(k, (None, 0))[1] for k in names]
+    tried_keys = {_stored_key(family, tuner_config(family, r["params"])) for r in tried}
+    ax.bar(range(len(names)), pct, color=["#d62828" if k in tried_keys else "#8ecae6"
+                                          for k in names])
+    for r in tried:
+        if r["pct"] is not None:
+            i = names.index(_stored_key(family, tuner_config(family, r["params"])))
+            ax.plot(i, r["pct"], "ko")
+    ax.axhline(100, color="k", lw=0.8, ls="--")
+    ax.set_xticks(range(len(names)), [n.replace("conv09 cuda ", "").replace("conv07 ", "")
+                                      for n in names], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel(f"% of {base} (H200)")
+    ax.set_title(f"{TUNER_FAMILIES[family][0]} on {layer}: stored H200 sweep (red: tried "
+                 "here; dots: timed here)", fontsize=9)
+    fig.subplots_adjust(bottom=0.38, left=0.09, right=0.99, top=0.9)
+    return fig
+
+
+def tuner_png(family, layer, rows) -> bytes:
+    buf = io.BytesIO()
+    render_tuner(family, layer, rows).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def autotune_explorer(family: str = "wmma", layer: str = "resnet128"):
+    """Pick a kernel and a tile shape, press "check & time": the tile is checked (and, on
+    a GPU, timed beside cuDNN); the chart shows the H200's stored sweep for comparison.
+
+    Returns the widget (display it as the cell's last value); without ipywidgets or a
+    kernel, prints a note and returns the static chart."""
+    from . import problems
+
+    tuner = Tuner()
+    try:
+        import ipywidgets as W
+    except ImportError:
+        W = None
+    if W is None or not in_kernel():
+        why = "ipywidgets is not installed" if W is None else "this is not a Jupyter kernel"
+        print(f"[autotuner] {why}: showing the stored chart only.")
+        return render_tuner(family, layer, tuner.rows)
+
+    fam = W.Dropdown(options=list(TUNER_FAMILIES), value=family, description="kernel")
+    lay = W.Dropdown(options=list(problems.RESNET), value=layer, description="layer")
+    box = W.HBox()
+    picture = W.Image(format="png", layout=W.Layout(width="100%", max_width="900px"))
+    go = W.Button(description="check & time", button_style="primary")
+    text = W.HTML()
+    state = {"params": {}}
+
+    def build_params(_=None):
+        opts = TUNER_FAMILIES[fam.value][1]
+        drops = []
+        for k, choices in opts.items():
+            d = W.Dropdown(options=list(choices), value=choices[min(1, len(choices) - 1)],
+                           description=k, layout=W.Layout(width="150px"))
+            drops.append(d)
+        state["params"] = {d.description: d for d in drops}
+        box.children = drops
+        draw()
+
+    def draw(_=None):
+        picture.value = tuner_png(fam.value, lay.value, tuner.rows)
+        text.value = "<pre>" + html.escape(tuner.table()) + "</pre>"
+
+    def run(_=None):
+        params = {k: d.value for k, d in state["params"].items()}
+        text.value = "<pre>checking ...</pre>"
+        tuner.try_config(fam.value, params, lay.value)
+        draw()
+
+    fam.observe(build_params, "value")
+    lay.observe(draw, "value")
+    go.on_click(run)
+    build_params()
+    root = W.VBox([W.HBox([fam, lay, go]), box, picture, text])
+    root.tuner = tuner
+    return root
