@@ -1074,13 +1074,13 @@ def check_separable_factors(fn, *, seed=None, quiet=False) -> str:
     cases = [(sob, True), (np.outer(g, g) / np.outer(g, g).sum(), True),
              (np.ones((5, 3)) / 15, True), (np.array([[0, 1, 0], [1, -4, 1], [0, 1, 0]], float),
                                             False)]
+    def vec(n):
+        return random_array((n,), rng).astype(np.float64)
+
     for R, S in ((3, 5), (7, 1), (1, 9), (5, 5)):
-        cases.append((np.outer(random_array((R,), rng), random_array((S,), rng)).astype(
-            np.float64), True))
+        cases.append((np.outer(vec(R), vec(S)), True))  # float64: rank 1 to rounding
     for R, S in ((3, 3), (5, 4)):
-        k = np.outer(random_array((R,), rng), random_array((S,), rng))
-        cases.append((k + 0.5 * np.outer(random_array((R,), rng), random_array((S,), rng)),
-                      False))
+        cases.append((np.outer(vec(R), vec(S)) + 0.5 * np.outer(vec(R), vec(S)), False))
     cases.append((random_array((4, 6), rng).astype(np.float64), False))
     for k, separable in cases:
         label = f"kernel {k.shape[0]}x{k.shape[1]} {np.round(k, 3).tolist()}"
