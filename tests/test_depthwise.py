@@ -127,3 +127,32 @@ def test_depthwise_real_layers_on_gpu(name, stride):
         got, exp, absref = _run(x, w, stride, 1, v)
         comp = check.compare(got, exp, absref, reduction=9)
         assert comp.ok, (v, comp.summary())
+
+
+def test_separable_factors_checker():
+    def svd_factors(k):
+        u, s, vt = np.linalg.svd(np.asarray(k, np.float64))
+        return None if s[0] == 0 or (len(s) > 1 and s[1] > 1e-8 * s[0]) else (u[:, 0] * s[0], vt[0])
+
+    check.check_separable_factors(svd_factors, quiet=True)
+    with pytest.raises(check.CheckError, match="separable"):
+        check.check_separable_factors(lambda k: None, quiet=True)
+    with pytest.raises(check.CheckError):  # first row and column: right only for some kernels
+        check.check_separable_factors(lambda k: (k[:, 0], k[0] / k[0, 0]), quiet=True)
+
+
+def test_depthwise_checker_with_a_multiplier():
+    def mult_ref(x, w, stride=1, padding=0):
+        return ref.conv2d(x.astype(np.float64), w.astype(np.float64), stride=stride,
+                          padding=padding, groups=x.shape[1]).astype(np.float32)
+
+    check.check_depthwise(mult_ref, multiplier=2, device=False, quiet=True, runs=1)
+
+    def wrong_channel(x, w, stride=1, padding=0):  # output k reads channel k % C, not k // M
+        C = x.shape[1]
+        xs = np.concatenate([x] * (w.shape[0] // C), axis=1)
+        return ref.conv2d(xs.astype(np.float64), w.astype(np.float64), stride=stride,
+                          padding=padding, groups=w.shape[0]).astype(np.float32)
+
+    with pytest.raises(check.CheckError):
+        check.check_depthwise(wrong_channel, multiplier=2, device=False, quiet=True, runs=1)

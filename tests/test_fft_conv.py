@@ -56,3 +56,27 @@ def test_conv2d_fft_on_cupy():
     absref = ref.conv2d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), padding=5)
     got = fft_conv.conv2d_fft(cp.asarray(x), cp.asarray(w), 5, xp=cp).get()
     assert check.compare(got, exp, absref, rtol=1e-4).ok
+
+
+def test_large_filter_checker():
+    from convlab import check as chk
+
+    def fft_same(image, kernel):
+        img, k = np.asarray(image, np.float64), np.asarray(kernel, np.float64)
+        (H, W), (R, S) = img.shape, k.shape
+        s = (H + R - 1, W + S - 1)
+        full = np.fft.irfft2(np.fft.rfft2(img, s=s) * np.fft.rfft2(k[::-1, ::-1], s=s), s=s)
+        return full[R // 2:R // 2 + H, S // 2:S // 2 + W]
+
+    chk.check_filter2d_large(fft_same, quiet=True)
+
+    def circular(image, kernel):  # FFT at the image's size: wrap-around at the borders
+        img, k = np.asarray(image, np.float64), np.asarray(kernel, np.float64)
+        (H, W), (R, S) = img.shape, k.shape
+        kp = np.zeros((H, W))
+        kp[:R, :S] = k[::-1, ::-1]
+        kp = np.roll(kp, (-(R // 2), -(S // 2)), axis=(0, 1))
+        return np.fft.irfft2(np.fft.rfft2(img) * np.fft.rfft2(kp), s=(H, W))
+
+    with pytest.raises(chk.CheckError):
+        chk.check_filter2d_large(circular, quiet=True)
