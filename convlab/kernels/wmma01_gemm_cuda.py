@@ -607,8 +607,6 @@ def gemm_wmma_raw(a, b, out, cfg: GemmConfig | None = None, simple: bool = False
     not of the default tile take the simple kernel; other shapes are refused (an explicit
     `cfg` the shape does not fit, too): `gemm_fp16` pads them.
     """
-    import cupy as cp
-
     name = "gemm_wmma"
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"{name}: shapes {tuple(a.shape)} @ {tuple(b.shape)} do not chain")
@@ -628,11 +626,11 @@ def gemm_wmma_raw(a, b, out, cfg: GemmConfig | None = None, simple: bool = False
     cfg = (cfg or GEMM_DEFAULT).validate()
     if max(M * K, K * N, M * N) >= 2**31:
         raise Unsupported(f"{name}: matrices must have fewer than 2**31 elements")
-    require_tensor_cores()
     tiled = not simple and M % cfg.BM == 0 and N % cfg.BN == 0 and K % cfg.BK == 0
     if explicit and not simple and not tiled:
         raise Unsupported(f"{name}: tile {cfg} needs M, N, K multiples of {cfg.BM}, "
                           f"{cfg.BN}, {cfg.BK}; got {M}, {N}, {K}")
+    require_tensor_cores()
     mod = _module([cfg])
     i32 = np.int32
     args = (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)), i32(M), i32(N),
@@ -643,7 +641,6 @@ def gemm_wmma_raw(a, b, out, cfg: GemmConfig | None = None, simple: bool = False
     else:
         fn = mod.get_function("wmma_gemm_simple")
         fn((N // 16, M // 16), (32,), args)
-    del cp
     return out
 
 
@@ -686,8 +683,6 @@ def _plan(x, w, out, stride, padding, dilation, groups, cfg: ConvConfig):
         key, plan = None, None
     if plan is not None:
         return plan
-    import cupy as cp
-
     for label, arr, ok in (("x", x, (np.float16, np.float32)), ("w", w, (np.float16,
                                                                        np.float32)),
                            ("out", out, (np.float32,))):
@@ -706,6 +701,8 @@ def _plan(x, w, out, stride, padding, dilation, groups, cfg: ConvConfig):
     if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.R * p.S * p.C * p.K) >= 2**31:
         raise Unsupported(f"{name} uses 32-bit indices: tensors must have fewer than 2**31 "
                           "elements")
+    import cupy as cp
+
     require_tensor_cores()
     mod = _module([cfg])
     Cp = ceil_div(p.C, cfg.BK) * cfg.BK
