@@ -643,3 +643,294 @@ def stored(name: str = "h200_lessons12_13") -> dict:
     from .bench import stored_results
 
     return stored_results(name)
+
+
+# ----------------------------------------------------------------------------------------
+# Pictures of lesson 12: instruction shapes, the accumulator fragment, the WMMA tiling
+
+
+MMA_SHAPES = [  # name, m, n, k, threads that issue it, what
+    ("Volta tensor core", 4, 4, 4, None, "V100: 4x4x4 fp16,\nthe source's picture"),
+    ("WMMA m16n16k16", 16, 16, 16, 32, "the wmma API\n(C++ or PTX), Volta+"),
+    ("mma.sync m16n8k16", 16, 8, 16, 32, "what WMMA becomes\non Ampere and later"),
+    ("wgmma m64n256k16", 64, 256, 16, 128, "Hopper: a warpgroup of 4 warps,\noperands "
+     "read from shared memory"),
+]
+
+
+def plot_mma_shapes():
+    """The output tile (m x n, to scale) of each generation's MMA instruction, with the
+    multiply-adds one instruction performs."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    x = 0
+    for name, m, n, k, threads, what in MMA_SHAPES:
+        ax.add_patch(Rectangle((x, 0), n, m, fc="#8ecae6", ec="0.3"))
+        ax.text(x + n / 2, m + 3, f"{name}\n{m * n * k:,} multiply-adds"
+                + (f"\nissued by {threads} threads" if threads else ""), ha="center",
+                va="bottom", fontsize=7.5)
+        ax.text(x + n / 2, -4, what, ha="center", va="top", fontsize=7)
+        x += n + 110
+    ax.set_xlim(-50, x - 60)
+    ax.set_ylim(-30, 105)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("output tile of one tensor-core instruction, to scale (D = A·B + C)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def mma_m16n8_owner(row: int, col: int) -> tuple:
+    """(lane, register) holding accumulator element (row, col) of mma.sync m16n8k16 with
+    fp32 accumulators (PTX ISA: row = lane // 4 (+8 for c2, c3), col = 2 * (lane % 4) + i)."""
+    lane = 4 * (row % 8) + col // 2
+    reg = (col % 2) + (2 if row >= 8 else 0)
+    return lane, reg
+
+
+def plot_fragment_owners():
+    """Which of the 32 lanes holds each of the 16x8 accumulator elements of mma.sync
+    m16n8k16: every lane holds 4 floats (c0..c3) in 2 rows 8 apart."""
+    import matplotlib.pyplot as plt
+
+    owner = np.zeros((16, 8), int)
+    for r in range(16):
+        for c in range(8):
+            owner[r, c] = mma_m16n8_owner(r, c)[0]
+    fig, ax = plt.subplots(figsize=(4.2, 6))
+    ax.imshow(owner, cmap="tab20", interpolation="nearest")
+    for r in range(16):
+        for c in range(8):
+            lane, reg = mma_m16n8_owner(r, c)
+            ax.text(c, r, f"{lane}\nc{reg}", ha="center", va="center", fontsize=6)
+    ax.set_xticks(range(8))
+    ax.set_yticks(range(16))
+    ax.set_xlabel("column n")
+    ax.set_ylabel("row m")
+    ax.set_title("mma.sync m16n8k16: lane and register\nof each fp32 accumulator", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_wmma_tiling(cfg=None):
+    """The tiled WMMA GEMM's block tile: warps (colours) and their 16x16 fragments, with
+    the A and B slabs one K step reads."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from .kernels.wmma01_gemm_cuda import GEMM_DEFAULT
+
+    cfg = cfg or GEMM_DEFAULT
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    gap = 8
+    # A slab (BM x BK) left, B slab (BK x BN) on top, C tile (BM x BN)
+    ax.add_patch(Rectangle((0, 0), cfg.BK, cfg.BM, fc="#ffb703", ec="0.3", alpha=0.6))
+    ax.text(cfg.BK / 2, -4, f"A slab\n{cfg.BM}x{cfg.BK}", ha="center", va="bottom", fontsize=8)
+    x0 = cfg.BK + gap
+    ax.add_patch(Rectangle((x0, -cfg.BK - gap), cfg.BN, cfg.BK, fc="#b5e48c", ec="0.3",
+                           alpha=0.6))
+    ax.text(x0 + cfg.BN + 3, -cfg.BK / 2 - gap, f"B slab {cfg.BK}x{cfg.BN}", va="center",
+            fontsize=8)
+    warps_n = cfg.BN // cfg.WN
+    colors = plt.cm.tab10.colors
+    for w in range(cfg.warps):
+        wm, wn = (w // warps_n) * cfg.WM, (w % warps_n) * cfg.WN
+        for i in range(cfg.WM // 16):
+            for j in range(cfg.WN // 16):
+                ax.add_patch(Rectangle((x0 + wn + 16 * j, wm + 16 * i), 16, 16,
+                                       fc=colors[w % 10], ec="white", lw=0.8, alpha=0.75))
+        ax.text(x0 + wn + cfg.WN / 2, wm + cfg.WM / 2, f"warp {w}", ha="center",
+                va="center", fontsize=8, color="black")
+    ax.add_patch(Rectangle((x0, 0), cfg.BN, cfg.BM, fill=False, ec="k", lw=1.5))
+    ax.set_xlim(-4, x0 + cfg.BN + 60)
+    ax.set_ylim(cfg.BM + 6, -cfg.BK - gap - 10)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"one block: C tile {cfg.BM}x{cfg.BN}, {cfg.warps} warps of {cfg.WM}x{cfg.WN}"
+                 f" = {cfg.WM // 16}x{cfg.WN // 16} fragments of 16x16 each", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------
+# Lesson 13: every kernel on one roofline and one "% of cuDNN" chart
+
+
+def capstone_points(ladder_result: dict | None = None, tc: dict | None = None,
+                    l0406: dict | None = None, l1011: dict | None = None) -> list:
+    """Every measured kernel as a roofline point: dict(label, family, precision, ai
+    (FLOP per byte of compulsory traffic), tflops). From a ladder run (conv ladder on the
+    ResNet layers, the GEMM ladder), the tensor-core run (WMMA and cuDNN/cuBLAS at fp16),
+    and, where given, lessons 04-06 (image filters) and 10-11 (depthwise)."""
+    pts = []
+    for lad in (ladder_result or {}).get("ladders", []):
+        layer = lad["problem"].split(":")[0]
+        for r in lad["rows"]:
+            prec = {"cuDNN tf32": "tf32", "cuDNN fp16": "fp16"}.get(r["name"], "fp32")
+            ai = lad["flops"] / lad["bytes"] * (2 if prec == "fp16" else 1)
+            pts.append(dict(label=f"{r['name']} ({layer})", family="conv " + (
+                "library" if r["kind"] == "library" else "course"), name=r["name"],
+                precision=prec, ai=ai, tflops=r["tflops"]))
+    g = (ladder_result or {}).get("gemm_ladder")
+    if g:
+        n = g["n"]
+        for r in g["rows"]:
+            pts.append(dict(label=f"GEMM {r['name']}", family="GEMM", name=r["name"],
+                            precision="fp32", ai=2 * n**3 / (12 * n**2), tflops=r["tflops"]))
+    if tc:
+        n = tc["wmma_gemm"]["n"]
+        for r in tc["wmma_gemm"]["table"]:
+            if r["precision"] == "fp16":
+                pts.append(dict(label=f"GEMM {r['name']}", family="tensor cores",
+                                name=r["name"], precision="fp16",
+                                ai=2 * n**3 / (2 * 2 * n**2 + 4 * n**2), tflops=r["tflops"]))
+        for lay in tc["wmma_conv"]:
+            for r in lay["table"]:
+                if r["precision"] == "fp16" and "fp32 x" not in r["name"]:
+                    pts.append(dict(label=f"{r['name']} ({lay['layer']})",
+                                    family="tensor cores", name=r["name"], precision="fp16",
+                                    ai=lay["flops"] / lay["bytes"] * 2, tflops=r["tflops"]))
+    if l0406:
+        f = l0406["sections"].get("l06_filter_4096")
+        if f:
+            n = f["n"]
+            flops = 2 * 9 * n * n  # the 3x3 Gaussian
+            rows = [r for r in f["rows"] if r["filter"] == "gauss3"]
+            course = [r for r in rows if "cuDNN" not in r["name"]]
+            pick = [r for r in rows if r["name"] == "naive" or "cuDNN" in r["name"]]
+            pick += [min(course, key=lambda r: r["ms"])] if course else []
+            for r in pick:
+                pts.append(dict(label=f"3x3 filter {r['name']}", family="image filter",
+                                name=r["name"], precision="fp32", ai=flops / f["bytes"],
+                                tflops=flops / (r["ms"] * 1e-3) / 1e12))
+    if l1011:
+        d = l1011["sections"].get("l11_depthwise")
+        for lay in (d or {}).get("layers", []):
+            if lay.get("stride", 1) != 1:
+                continue
+            N, C, H, W = lay["x"]
+            flops = 2 * 9 * N * C * H * W
+            rows = [r for r in lay["rows"] if r.get("us")]
+            course = [r for r in rows if "PyTorch" not in r["name"]]
+            pick = [r for r in rows if "PyTorch" in r["name"]]
+            pick += [min(course, key=lambda r: r["us"])] if course else []
+            for r in pick:
+                pts.append(dict(label=f"depthwise {r['name']} ({lay['layer']})",
+                                family="depthwise", name=r["name"], precision="fp32",
+                                ai=flops / lay["bytes"], tflops=flops / (r["us"] * 1e-6) / 1e12))
+    return pts
+
+
+def plot_capstone_roofline(points: list, copy_gbps: float, fp32_tflops: float,
+                           fp16_tflops: float | None = None, title: str = ""):
+    """One roofline, two compute roofs (fp32 CUDA cores; fp16 tensor cores), every point."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    ais = [p["ai"] for p in points] or [1.0]
+    lo, hi = min(ais + [1.0]) / 3, max(ais) * 3
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for peak, label, ls in ((fp32_tflops, "fp32 CUDA cores", "-"),
+                            (fp16_tflops, "fp16 tensor cores", "--")):
+        if peak:
+            ax.loglog(grid, np.minimum(peak, grid * copy_gbps / 1e3), "k", ls=ls, lw=1.8)
+            ax.annotate(f"{label}: {peak:.0f} TFLOP/s", (hi / 1.5, peak * 1.1), ha="right",
+                        fontsize=8)
+    ax.annotate(f"memory {copy_gbps / 1e3:.2f} TB/s", (lo * 1.5, lo * 1.5 * copy_gbps / 1e3 * 1.3),
+                fontsize=8, rotation=25)
+    fams = list(dict.fromkeys(p["family"] for p in points))
+    markers = dict(zip(fams, "osD^vP*X", strict=False))
+    cmap = plt.cm.tab10.colors
+    for i, fam in enumerate(fams):
+        ps = [p for p in points if p["family"] == fam]
+        ax.plot([p["ai"] for p in ps], [p["tflops"] for p in ps], markers[fam], ms=6,
+                color=cmap[i % 10], alpha=0.85, label=fam, ls="")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte of compulsory traffic)")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(title or "every kernel of the course on one roofline", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    return fig
+
+
+def capstone_ladder(ladder_result: dict, tc: dict | None = None) -> list:
+    """Rows (layer, name, group, pct) for the "% of cuDNN" chart: fp32 kernels as % of
+    cuDNN fp32 (same run), tensor-core versions as % of cuDNN fp16 NCHW (same run)."""
+    rows = []
+    for lad in ladder_result.get("ladders", []):
+        layer = lad["problem"].split(":")[0].split(" (")[0]
+        for r in lad["rows"]:
+            if r["name"] in ("cuDNN tf32", "cuDNN fp16"):
+                continue
+            rows.append(dict(layer=layer, name=r["name"], group="fp32: % of cuDNN fp32",
+                             pct=r["pct_of_baseline"]))
+    for lay in (tc or {}).get("wmma_conv", []):
+        ms = {r["name"]: r["ms"] for r in lay["table"]}
+        layer = lay["problem"].split(":")[0].split(" (")[0]
+        base = ms.get("cuDNN fp16")
+        for name in ("cuDNN tf32", "cuDNN bf16", "cuDNN fp16 NHWC", "WMMA conv",
+                     "WMMA conv (fp32 x in)"):
+            if name in ms and base:
+                rows.append(dict(layer=layer, name=name, group="tensor cores: % of cuDNN fp16",
+                                 pct=100 * base / ms[name]))
+    return rows
+
+
+def plot_capstone_ladder(rows: list, title: str = ""):
+    """Two panels of grouped bars: the fp32 ladder and the tensor-core versions."""
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4), squeeze=False,
+                             gridspec_kw=dict(width_ratios=[2, 1][:len(groups)]))
+    for ax, grp in zip(axes[0], groups, strict=True):
+        rs = [r for r in rows if r["group"] == grp]
+        names = list(dict.fromkeys(r["name"] for r in rs))
+        layers = list(dict.fromkeys(r["layer"] for r in rs))
+        width = 0.8 / max(1, len(layers))
+        for i, lay in enumerate(layers):
+            pct = {r["name"]: r["pct"] for r in rs if r["layer"] == lay}
+            ax.bar(np.arange(len(names)) + i * width, [pct.get(n, 0) for n in names], width,
+                   label=lay)
+        ax.axhline(100, color="k", lw=0.8, ls="--")
+        ax.set_xticks(np.arange(len(names)) + width * (len(layers) - 1) / 2, names,
+                      rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(grp.split(": ")[1])
+        ax.set_title(grp.split(":")[0], fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_census(census: dict, variants=("fp32", "tf32", "fp16 NHWC"), title: str = ""):
+    """Stacked bars: each kind of layer's share of FLOPs and of time (per variant)."""
+    import matplotlib.pyplot as plt
+
+    cols = ["FLOPs"] + [v for v in variants if v in census]
+    fig, ax = plt.subplots(figsize=(1.5 * len(cols) + 3, 3.8))
+    colors = dict(zip(KINDS, plt.cm.Set2.colors, strict=False))
+    for i, col in enumerate(cols):
+        data = census["flops"] if col == "FLOPs" else census[col]
+        tot = sum(data[k] for k in KINDS)
+        bottom = 0.0
+        for k in KINDS:
+            share = 100 * data[k] / tot
+            ax.bar(i, share, bottom=bottom, color=colors[k], label=k if i == 0 else None)
+            if share > 6:
+                ax.text(i, bottom + share / 2, f"{share:.0f}%", ha="center", va="center",
+                        fontsize=8)
+            bottom += share
+    ax.axhline(70, color="#d62828", lw=1, ls="--")
+    ax.text(len(cols) - 0.5, 71, "70% (source 000)", color="#d62828", fontsize=8, ha="right")
+    ax.set_xticks(range(len(cols)), ["share of FLOPs"] + [f"time, {c}" for c in cols[1:]],
+                  fontsize=8)
+    ax.set_ylabel("% of the forward pass")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    return fig

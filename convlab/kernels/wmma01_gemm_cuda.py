@@ -770,3 +770,15 @@ def conv2d_wmma(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     cfg = choose_conv(int(w.shape[0]))
     launch = _BY_CONFIG.get(cfg) or _BY_CONFIG.setdefault(cfg, make_conv_launcher(cfg))
     return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+
+def source(start: str | None = None, end: str | None = None) -> str:
+    """Lines of CUDA_SOURCE from the first containing `start` up to (not including) the
+    first later one containing `end` (for showing a kernel in a notebook)."""
+    lines = CUDA_SOURCE.strip("\n").splitlines()
+    if start is not None:
+        lines = lines[next(i for i, ln in enumerate(lines) if start in ln):]
+    if end is not None:
+        lines = lines[:next((i for i, ln in enumerate(lines) if i > 0 and end in ln),
+                            len(lines))]
+    return "\n".join(lines)
