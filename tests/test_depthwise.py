@@ -156,3 +156,24 @@ def test_depthwise_checker_with_a_multiplier():
 
     with pytest.raises(check.CheckError):
         check.check_depthwise(wrong_channel, multiplier=2, device=False, quiet=True, runs=1)
+
+
+@pytest.mark.parametrize("shape,stride,padding,v,block", [
+    ((1, 3, 7, 9), 1, 1, 4, None),          # border path everywhere
+    ((2, 3, 12, 11), 1, 1, 3, (8, 2, 2)),   # interior strips, several planes per block
+    ((1, 2, 13, 10), 2, 1, 2, (4, 2, 3)),   # stride 2, a partial block of planes
+    ((1, 2, 9, 8), 1, 0, 7, (8, 1, 1)),     # no padding: interior loads only
+])
+def test_depthwise_3d_variant(shape, stride, padding, v, block):
+    rng = np.random.default_rng(sum(shape) * 3 + v)
+    x = check.random_array(shape, rng)
+    w = check.random_array((shape[1], 1, 3, 3), rng)
+    kw = dict(stride=stride, padding=padding, groups=shape[1])
+    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw)
+    absref = ref.conv2d(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), **kw)
+    out = cuda.to_device(check.poisoned(exp.shape))
+    dw.launch_3d(cuda.to_device(x), cuda.to_device(w), out, stride, padding, v=v, threads=32,
+                 block=block)
+    comp = check.compare(out.copy_to_host(), exp, absref, reduction=9)
+    assert comp.ok, comp.summary()
+    assert dw.block_3d(14, 14, 7) == (16, 2, 4) and dw.block_3d(112, 112, 8) == (32, 4, 1)

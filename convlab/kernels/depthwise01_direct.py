@@ -182,3 +182,110 @@ def loads_per_output(v: int, stride: int = 1, R: int = 3, S: int = 3) -> float:
 KERNEL = make_kernel(TILE["v"], 1)
 SIGNATURE = ("(float32[::1], float32[::1], float32[::1], uint32, uint32, uint32, uint32, "
              "uint32, uint32, uint32, uint32, uint32)")
+
+
+# ----------------------------------------------------------------------------------------
+# A variant with a 3-D launch (columns, strips, planes), not yet measured on a GPU.
+#
+# Run 1 on the H200 left the kernel above at 29-35% of copy bandwidth with 75-235 PTX
+# instructions per output: three run-time divisions per thread to find its plane, strip
+# and column, and a clamp and a select around every load. Here the grid's three axes give
+# the column, the strip and the plane directly (no division but c = plane % C), the
+# channel's taps and the plane's base address are computed once, and a strip whose window
+# lies inside the image (every strip but the borders) loads without clamps or selects.
+# Small planes (14 x 14) put several planes in one block (block z), so blocks stay large.
+
+_CACHE2: dict = {}
+
+
+def make_kernel_3d(v: int, stride: int, R: int = 3, S: int = 3):
+    """Compile (once) the 3-D-launch variant for V outputs per thread."""
+    key = (v, stride, R, S)
+    if key in _CACHE2:
+        return _CACHE2[key]
+    if R * S > MAX_TAPS:
+        raise Unsupported(f"conv2d_depthwise: filters up to {MAX_TAPS} taps, got {R}x{S}")
+    ROWS = (v - 1) * stride + R
+    RS = R * S
+    NV = ROWS * S
+
+    @cuda.jit
+    def depthwise3d_kernel(x, w, y, C, H, W, P, Q, ph, pw, NC):
+        q = uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x)
+        strip = uint32(cuda.blockIdx.y) * uint32(cuda.blockDim.y) + uint32(cuda.threadIdx.y)
+        plane = uint32(cuda.blockIdx.z) * uint32(cuda.blockDim.z) + uint32(cuda.threadIdx.z)
+        p0 = strip * uint32(v)
+        if q >= Q or p0 >= P or plane >= NC:
+            return
+        c = plane % C
+        taps = cuda.local.array(RS, float32)
+        for i in range(RS):
+            taps[i] = w[c * uint32(RS) + uint32(i)]
+        base = plane * H * W
+        h0 = np.int32(p0 * uint32(stride)) - np.int32(ph)
+        c0 = np.int32(q * uint32(stride)) - np.int32(pw)
+        vals = cuda.local.array(NV, float32)
+        inside = (h0 >= 0 and h0 + np.int32(ROWS) <= np.int32(H) and c0 >= 0
+                  and c0 + np.int32(S) <= np.int32(W))
+        if inside:  # the common case: plain loads, one base address
+            start = base + uint32(h0) * W + uint32(c0)
+            for j in range(ROWS):
+                for s in range(S):
+                    vals[j * S + s] = x[start + uint32(j) * W + uint32(s)]
+        else:  # the border: clamped addresses, zero padding
+            for j in range(ROWS):
+                h = h0 + np.int32(j)
+                hok = (h >= 0) and (h < np.int32(H))
+                hc = uint32(min(max(h, np.int32(0)), np.int32(H) - np.int32(1)))
+                for s in range(S):
+                    col = c0 + np.int32(s)
+                    ok = hok and (col >= 0) and (col < np.int32(W))
+                    cc = uint32(min(max(col, np.int32(0)), np.int32(W) - np.int32(1)))
+                    a = x[base + hc * W + cc]
+                    if not ok:
+                        a = float32(0.0)
+                    vals[j * S + s] = a
+        acc = cuda.local.array(v, float32)
+        for o in range(v):
+            acc[o] = float32(0.0)
+            for r in range(R):
+                for s in range(S):
+                    acc[o] += vals[(o * stride + r) * S + s] * taps[r * S + s]
+        out = plane * P * Q + q
+        for o in range(v):
+            p = p0 + uint32(o)
+            if p < P:
+                y[out + p * Q] = acc[o]
+
+    _CACHE2[key] = depthwise3d_kernel
+    return depthwise3d_kernel
+
+
+def block_3d(P: int, Q: int, v: int, threads: int = 128) -> tuple:
+    """A block shape (x on columns, y on strips, z on planes) of about `threads` threads:
+    x covers the row (up to 32), y the strips, z fills the rest with planes."""
+    tx = min(32, 1 << max(0, (Q - 1).bit_length()))
+    strips = ceil_div(P, v)
+    ty = max(1, min(strips, threads // tx))
+    tz = max(1, threads // (tx * ty))
+    return tx, ty, tz
+
+
+def launch_3d(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, threads=128,
+              block=None, stream=0):
+    """Run the 3-D-launch variant (V outputs per thread, a block of about `threads`)."""
+    p = depthwise_params("conv2d_depthwise", x, w, out, stride, padding, dilation, groups)
+    v = default_tile(p.P, p.stride[0])["v"] if v is None else max(1, min(int(v), p.P))
+    k = make_kernel_3d(v, p.stride[0], p.R, p.S)
+    tx, ty, tz = block or block_3d(p.P, p.Q, v, threads)
+    NC = p.N * p.C
+    grid = (ceil_div(p.Q, tx), ceil_div(ceil_div(p.P, v), ty), ceil_div(NC, tz))
+    u = np.uint32
+    k[grid, (tx, ty, tz), stream](
+        x.reshape(x.size), w.reshape(w.size), out.reshape(out.size), u(p.C), u(p.H), u(p.W),
+        u(p.P), u(p.Q), u(p.padding[0]), u(p.padding[1]), u(NC))
+    return out
+
+
+SIGNATURE_3D = ("(float32[::1], float32[::1], float32[::1], uint32, uint32, uint32, uint32, "
+                "uint32, uint32, uint32, uint32)")

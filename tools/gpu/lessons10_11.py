@@ -294,16 +294,21 @@ def _depthwise():
             for v in vs:
                 for th in ((128, 256) if stride == 1 else (256,)):
                     variants.append((f"direct v{v} t{th}", dict(v=v, threads=th)))
+            # the 3-D-launch variant (written after run 1): plane/strip/column from the grid
+            for v in ((4, 7, 8) if stride == 1 else (2, 4)):
+                for th in (128, 256):
+                    variants.append((f"direct3d v{v} t{th}", dict(v=v, threads=th, d3=True)))
             for label, cfg in variants:
+                run = dw.launch_3d if cfg.get("d3") else dw.launch
                 try:
                     dys[0].copy_to_device(check.poisoned(out_shape))
-                    dw.launch(dxs[0], dwt, dys[0], stride, 1, v=cfg["v"], threads=cfg["threads"])
+                    run(dxs[0], dwt, dys[0], stride, 1, v=cfg["v"], threads=cfg["threads"])
                     got = dys[0].copy_to_host()
                     comp = check.compare(got, expected, absref, 9)
                     if not comp.ok:
                         raise check.CheckError(comp.summary())
-                    fn = _rotating(nsets, lambda i: dw.launch(dxs[i], dwt, dys[i], stride, 1,
-                                                              v=cfg["v"], threads=cfg["threads"]))
+                    fn = _rotating(nsets, lambda i: run(dxs[i], dwt, dys[i], stride, 1,
+                                                        v=cfg["v"], threads=cfg["threads"]))
                     gpu = queued_ms(fn)
                     call = bench.time_gpu(fn, repeat=7).median_ms
                 except Exception as e:  # noqa: BLE001
@@ -665,6 +670,12 @@ for lay in d.get("layers", []):
     rows = lay["rows"]
     ours = [r for r in rows if r["name"].startswith("direct")]
     lib = [r for r in rows if r["name"].startswith("PyTorch")]
+    for family in ("direct ", "direct3d "):
+        fam = [r for r in ours if r["name"].startswith(family)]
+        if fam:
+            b = min(fam, key=lambda r: r["us"])
+            print(f"  best {family.strip():9s} {b['name']:20s} {b['us']:.1f} us "
+                  f"({b['pct_copy']:.0f}%)")
     if ours:
         b = min(ours, key=lambda r: r["us"])
         t = f" vs PyTorch {lib[0]['us']:.1f} us ({lib[0]['pct_copy']:.0f}%) = " \
