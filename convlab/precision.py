@@ -934,3 +934,37 @@ def plot_census(census: dict, variants=("fp32", "tf32", "fp16 NHWC"), title: str
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def conv_share_isolated(model, x, runs: int = 5, dtype=None, channels_last: bool = False):
+    """Convolutions' share of a forward pass without hooks in the timed work: every Conv2d
+    is timed alone on the input it receives in the network (captured once), the times are
+    summed and divided by the time of the whole pass (no hooks). On the GPU by CUDA events
+    (bench.time_gpu, calls queued back to back), on the CPU by perf_counter.
+    Returns dict(conv_ms, total_ms, share_pct, convs)."""
+    import torch
+
+    from . import bench
+
+    device = x.device.type == "cuda"
+    model = model.to(x.device)
+    if dtype is not None:
+        model, x = model.to(dtype), x.to(dtype)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, inp[0])))
+             for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        try:
+            model(x)
+        finally:
+            for h in hooks:
+                h.remove()
+        timer = bench.time_gpu if device else bench.time_cpu
+        kw = dict(repeat=runs, warmup=1)
+        conv_ms = sum(timer(lambda m=m, i=i: m(i), **kw).median_ms for m, i in seen)
+        total = timer(lambda: model(x), **kw).median_ms
+    return dict(conv_ms=conv_ms, total_ms=total, share_pct=100 * conv_ms / total,
+                convs=len(seen))
