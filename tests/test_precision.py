@@ -265,3 +265,74 @@ def test_tuner_checks_under_the_simulator_and_shows_stored_times():
     assert "resnet128" in t.table()
     fig = widgets.render_tuner("cuda", "resnet64", t.rows)
     assert fig.axes[0].patches
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 13: the capstone pictures and the ladder check
+
+
+def test_mma_fragment_owners_follow_the_ptx_layout():
+    owners = {}
+    for r in range(16):
+        for c in range(8):
+            owners.setdefault(P.mma_m16n8_owner(r, c)[0], []).append((r, c))
+    assert sorted(owners) == list(range(32)) and all(len(v) == 4 for v in owners.values())
+    assert P.mma_m16n8_owner(0, 0) == (0, 0) and P.mma_m16n8_owner(0, 1) == (0, 1)
+    assert P.mma_m16n8_owner(8, 0) == (0, 2) and P.mma_m16n8_owner(1, 0) == (4, 0)
+    assert P.mma_m16n8_owner(0, 2) == (1, 0) and P.mma_m16n8_owner(15, 7) == (31, 3)
+
+
+def test_capstone_points_and_ladder_from_the_stored_runs():
+    from convlab import bench
+
+    lad, tc = bench.stored_results("h200"), P.stored()
+    pts = P.capstone_points(lad, tc, bench.stored_results("h200_lessons04_06"),
+                            bench.stored_results("h200_lessons10_11"))
+    fams = {p["family"] for p in pts}
+    assert {"conv course", "conv library", "GEMM", "tensor cores", "image filter",
+            "depthwise"} <= fams
+    assert all(p["ai"] > 0 and p["tflops"] > 0 for p in pts)
+    conv = [p for p in pts if p["family"] == "conv course"]
+    assert all(p["ai"] == pytest.approx(lad["ladders"][0]["flops"] / lad["ladders"][0]["bytes"])
+               for p in conv if "64ch" in p["label"])
+    rows = P.capstone_ladder(lad, tc)
+    cud = [r for r in rows if r["name"] == "cuDNN fp32"]
+    assert cud and all(r["pct"] == pytest.approx(100) for r in cud)
+    wm = [r for r in rows if r["name"] == "WMMA conv"]
+    assert len(wm) == 3 and all(0 < r["pct"] < 1000 for r in wm)
+    for fig in (P.plot_capstone_ladder(rows), P.plot_capstone_roofline(
+            pts, 3000, 50, 700), P.plot_census(tc["census"]), P.plot_mma_shapes(),
+            P.plot_wmma_tiling(), P.plot_fragment_owners(), P.plot_formats()):
+        assert fig.axes
+
+
+def test_check_ladder_accepts_a_real_run_and_refuses_edits():
+    import copy
+
+    from convlab import bench
+
+    lad = bench.stored_results("h200")
+    assert "geometric mean" in check.check_ladder(lad, "implicit_gemm_cuda", quiet=True)
+    for edit, why in (("device", "real GPU"), ("row", "no row"), ("pct", "does not match"),
+                      ("err", "tolerance"), ("layer", "missing")):
+        bad = copy.deepcopy(lad)
+        rows = bad["ladders"][1]["rows"]
+        mine = next(r for r in rows if r["name"] == "implicit_gemm_cuda")
+        if edit == "device":
+            bad["device"] = "simulator"
+        elif edit == "row":
+            rows.remove(mine)
+        elif edit == "pct":
+            mine["pct_of_baseline"] *= 1.3
+        elif edit == "err":
+            mine["max_rel_err"] = 1e-3
+        else:
+            bad["ladders"].pop()
+        with pytest.raises(check.CheckError, match=why):
+            check.check_ladder(bad, "implicit_gemm_cuda", quiet=True)
+
+
+def test_conv_share_isolated_counts_every_convolution():
+    torch = _torch()
+    r = P.conv_share_isolated(P.resnet18(), torch.randn(1, 3, 32, 32), runs=1)
+    assert r["convs"] == 20 and r["conv_ms"] > 0 and r["total_ms"] > 0
