@@ -125,3 +125,33 @@ def test_endless_loop_costs_one_timeout_and_a_restart(attacked):
     assert data["extra_data"]["restarts"] == 1
     assert data["execution_time"] < CELL_TIMEOUT + 40
     assert results["s5"]["extra_data"]["restarts"] == 1  # os._exit: one restart too
+
+
+# Lessons 11 and 12 ship helpers in the package that would answer their own tasks.
+PACKAGE_ANSWERS = {
+    "11_beyond_direct_conv": ("11.fft_filter", "def filter2d_fft(image, kernel):\n"
+                              "    from convlab import fft_conv\n"
+                              "    return fft_conv.filter2d_fft(image, kernel)\n"),
+}
+
+
+@pytest.mark.parametrize("lesson", list(PACKAGE_ANSWERS))
+def test_package_helpers_cannot_answer_lesson_tasks(tmp_path, lesson):
+    from convlab.grading import notebook as nbf
+    from convlab.grading.grade import grade
+
+    root = FIXTURE.parents[3]
+    task, answer = PACKAGE_ANSWERS[lesson]
+    nb = nbf.read(root / "exercises" / f"{lesson}.ipynb")
+    cells = [c for c in nb.cells if c.get("cell_type") == "code"
+             and nbf.exercise_id(nbf.source(c)) == task]
+    assert len(cells) == 1
+    cells[0]["source"] = f"# EXERCISE: {task}\n{answer}"
+    path = tmp_path / f"{lesson}.ipynb"
+    path.write_text(nbf.writes(nb), encoding="utf-8")
+    from convlab.grading.gradescope import results_json
+
+    data = results_json(grade(path, root / "solutions" / f"{lesson}.ipynb"))
+    entry = by_task(data)[task]
+    assert entry["score"] == 0
+    assert re.search(r"not allowed inside an answer", entry["output"]), entry["output"]

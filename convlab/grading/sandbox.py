@@ -55,7 +55,8 @@ _HELPER_NAMES = re.compile(
     r".*_grid|set_.*|as_numpy|Unsupported)$")
 _WRAP_ALL_MODULES = ("convlab.reference", "convlab.baselines", "convlab.precision")
 _ANSWER_MODULES = ("convlab.reference", "convlab.baselines", "convlab.kernels", "convlab.cpu",
-                   "convlab.precision")
+                   "convlab.precision", "convlab.fft_conv", "convlab.winograd",
+                   "convlab.pipeline")
 _ANSWER_NAMES = re.compile(
     r"^(conv2d.*|filter2d.*|gemm.*|im2col.*|col2im.*|depthwise.*|separable.*|make_.*|"
     r"launch.*|.*_launch|launcher_for|prepare|transpose.*|nchw_to_nhwc|nhwc_to_nchw)$")
