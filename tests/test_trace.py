@@ -582,3 +582,17 @@ def test_loop_counters_name_the_same_iteration_in_every_thread():
         for o, c, true in _PROBES:
             assert key_to_iteration.setdefault((o, c), true) == true
     assert len(key_to_iteration) == 3 + 6 + 4 + 5 + 3  # every (site, iteration) seen
+
+
+def test_one_access_is_one_site_after_the_interpreter_specializes():
+    """From Python 3.12 a specialized subscript reports f_lasti inside its inline caches:
+    the first execution and the later ones must still be one site, one request stream."""
+    from convlab.kernels import conv2d_naive
+
+    rng = np.random.default_rng(3)
+    x, w = check.random_array((1, 2, 16, 32), rng), check.random_array((2, 2, 3, 3), rng)
+    t = trace.trace_launch(conv2d_naive, cuda.to_device(x), cuda.to_device(w),
+                           cuda.to_device(np.zeros((1, 2, 16, 32), np.float32)), padding=1)
+    labels = [s["label"] for s in t.sites]
+    assert len(labels) == 3, labels  # x load, w load, y store
+    assert labels[2].endswith("y[n, k, p, q]")

@@ -19,6 +19,7 @@ skips an iteration is simply not active in that request).
 
 from __future__ import annotations
 
+import bisect
 import dis
 import inspect
 import linecache
@@ -193,6 +194,23 @@ class FrameState:
 
 # ----------------------------------------------------------------------------------------
 # Source text of an instruction
+
+
+_STARTS: dict = {}
+
+
+def instruction_start(code, offset: int) -> int:
+    """The offset of the instruction that owns `offset` (which may be an inline cache).
+
+    From Python 3.12 a caller's f_lasti may point into the inline caches of a
+    specialized instruction (e.g. BINARY_SUBSCR_GETITEM once the interpreter has
+    adapted), so one access would otherwise show up as two sites.
+    """
+    starts = _STARTS.get(code)
+    if starts is None:
+        starts = _STARTS[code] = [i.offset for i in dis.get_instructions(code)]
+    k = bisect.bisect_right(starts, offset) - 1
+    return starts[k] if k >= 0 else offset
 
 
 def code_position(code, offset: int):
@@ -747,7 +765,7 @@ class KernelRun:
         while f is not None:
             st = getattr(f.f_trace, "state", None)
             if isinstance(st, FrameState):
-                o = f.f_lasti
+                o = instruction_start(f.f_code, f.f_lasti)
                 c = st.counters
                 parts.append((id(f.f_code), o, tuple(c[k] for k in st.info.enclosing.get(o, ()))))
                 if st.info.is_kernel:
@@ -945,6 +963,7 @@ class Recorder:
 
     # -- interning
     def site_id(self, code, offset, kind, run) -> int:
+        offset = instruction_start(code, offset)
         key = (id(code), offset, kind)
         sid = self._site_ids.get(key)
         if sid is None:
