@@ -160,11 +160,58 @@ def setup(mode: str | None = None) -> str:
         # The simulator runs one OS thread per CUDA thread and spins on the GIL at
         # syncthreads(); switching threads more often makes tiled kernels ~1.3-3x faster.
         sys.setswitchinterval(min(sys.getswitchinterval(), 3e-4))
+        _lock_simulator_shared_arrays()
     else:
         os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     _state["mode"] = mode
     apply_compat_fixes()
     return mode
+
+
+def _lock_simulator_shared_arrays() -> None:
+    """Make the simulator's ``cuda.shared.array`` allocation thread-safe.
+
+    numba-cuda's simulator (0.30.x) creates a block's shared array when the first of its
+    threads reaches the call, with an unlocked "look up, else create" on a dict keyed by
+    (file, line). Two threads switched between the look-up and the store get two different
+    arrays: each writes its half of the tile into its own, and the readers see
+    uninitialized memory. Rare (once in a full CI run, a checker reported values of 1e23),
+    but it fails a correct kernel; a lock around the look-up and the store removes it.
+    """
+    try:
+        import threading
+
+        from numba.core import types
+        from numba.cuda.simulator import kernelapi
+        from numba.np import numpy_support
+    except Exception:  # noqa: BLE001  (another numba-cuda: leave it alone)
+        return
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared.array, "_convlab_locked", False):
+        return
+    original = shared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # refused, or dynamic shared memory
+            return original(self, shape, dtype, alignment)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)  # the simulator's key
+        with lock:
+            res = self._allocations.get(caller)
+            if res is None:
+                if isinstance(dtype, types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                import numpy as np
+
+                res = np.empty(shape, dtype)
+                self._allocations[caller] = res
+        return res
+
+    array._convlab_locked = True
+    shared.array = array
+    if "simulator: shared arrays allocated under a lock" not in _state["fixes"]:
+        _state["fixes"].append("simulator: shared arrays allocated under a lock")
 
 
 def _numba_mode() -> str:
