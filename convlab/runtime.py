@@ -181,12 +181,12 @@ def _lock_simulator_shared_arrays() -> None:
     try:
         import threading
 
-        from numba.core import types
         from numba.cuda.simulator import kernelapi
-        from numba.np import numpy_support
+
+        shared = kernelapi.FakeCUDAShared
+        types, numpy_support = kernelapi.types, kernelapi.numpy_support  # as it uses them
     except Exception:  # noqa: BLE001  (another numba-cuda: leave it alone)
         return
-    shared = kernelapi.FakeCUDAShared
     if getattr(shared.array, "_convlab_locked", False):
         return
     original = shared.array
