@@ -6,7 +6,7 @@ functions here when a picture is used by more than one notebook.
 
 - images: `show_images`
 - convolution geometry: `draw_conv_window`, `draw_nchw`, `draw_im2col`
-- access patterns: `loop_addresses`, `draw_loop_order`, `draw_blocking`
+- access patterns: `loop_addresses`, `draw_loop_order`, `draw_blocking`, `draw_flat_tile`
 - measurements: `plot_timings`, `plot_thread_sweep`, `plot_batch_crossover`, `roofline`
 """
 
@@ -360,6 +360,40 @@ def draw_blocking(P=8, Q=8, K=6, rows=2, kblock=3, C=3, R=3):
             "rows = one task", ha="center", va="top", fontsize=8)
     _finish(ax, "cache blocking: a task's input rows stay in L1 while every filter of its block "
                 "uses them")
+    return fig
+
+
+def draw_flat_tile(rows=3, Q=8, S=3, vector=4):
+    """A tile of `rows` output rows stored with the input's row stride Wp = Q + S − 1.
+
+    Top: row by row, each row's loop of Q ends in a partial SIMD vector (hatched) when Q is
+    not a multiple of `vector`. Bottom: the same tile as one long row of rows·Wp − (S − 1)
+    elements, cut into whole vectors; the S − 1 extra columns per row (grey) are computed
+    and dropped.
+    """
+    plt = _plt()
+    Wp = Q + S - 1
+    fig, (a0, a1) = plt.subplots(2, 1, figsize=(min(12, 0.32 * rows * Wp + 2), 3.6),
+                                 gridspec_kw=dict(height_ratios=[rows, 1.6]))
+    full = Q // vector * vector
+    for p in range(rows):
+        colors = [["#8ecae6" if q < full else "#ffb703" for q in range(Q)]
+                  + ["#dddddd"] * (S - 1)]
+        _grid(a0, 0, p, 1, Wp, colors, [[f"{p * Wp + q}" for q in range(Wp)]], fontsize=6)
+        for v0 in range(0, full, vector):
+            _frame(a0, v0, p, 1, vector, color="k", lw=1.2)
+    _finish(a0, f"row by row: {Q} outputs = {Q // vector} vectors of {vector} + a remainder "
+                f"of {Q - full} (orange, scalar code) in every row; grey: not computed")
+    L = (rows - 1) * Wp + Q
+    colors = [["#dddddd" if i % Wp >= Q else "#8ecae6" for i in range(L)]]
+    _grid(a1, 0, 0, 1, L, colors, [[str(i) for i in range(L)]], fontsize=5)
+    for v0 in range(0, L - L % vector, vector):
+        _frame(a1, v0, 0, 1, vector, color="k", lw=1.2)
+    if L % vector:
+        _frame(a1, L - L % vector, 0, 1, L % vector, color="#d62828", lw=1.2)
+    _finish(a1, f"flat: one loop of {L} = {L // vector} vectors + {L % vector} per tile; grey: "
+                f"the {S - 1} extra columns of each row (computed, dropped)")
+    fig.tight_layout()
     return fig
 
 

@@ -49,7 +49,7 @@ def test_loop_addresses_by_hand():
 
 def test_pictures_render():
     figs = [viz.draw_nchw((2, 3, 3, 4)), viz.draw_im2col(2, 4, 4, 3, 2),
-            viz.draw_loop_order(), viz.draw_blocking(),
+            viz.draw_loop_order(), viz.draw_blocking(), viz.draw_flat_tile(3, 10, 3, 4),
             viz.show_images([np.ones((4, 4)), -np.ones((4, 4))], ["a", "b"]),
             viz.plot_timings([("slow", 100.0, 1.0), ("fast", 1.0, 100.0)], baseline="slow"),
             viz.plot_thread_sweep({"v": [(1, 10.0), (2, 5.0)]}),
@@ -57,7 +57,8 @@ def test_pictures_render():
     for f in figs:
         assert f.axes
     assert "offset ((1·3+1)·3+2)·4+1 = 57" in _texts(figs[0])
-    assert "×100" in _texts(figs[5]) and "speed-up over slow" in figs[5].axes[0].get_xlabel()
+    assert "one loop of 34 = 8 vectors + 2" in _texts(figs[4])
+    assert "×100" in _texts(figs[6]) and "speed-up over slow" in figs[6].axes[0].get_xlabel()
 
 
 def test_roofline_labels_the_cpu_ceiling():
