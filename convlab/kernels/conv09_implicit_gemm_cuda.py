@@ -428,26 +428,6 @@ def compile_ptx(configs=(DEFAULT,), arch: str = "compute_90") -> str:
 
     Raises RuntimeError with NVRTC's log if the source does not compile.
     """
-    from cuda.bindings import nvrtc
+    from ._nvrtc import nvrtc_ptx
 
-    def ok(res, what):
-        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"NVRTC {what} failed: {res[0]}")
-        return res[1] if len(res) > 1 else None
-
-    prog = ok(nvrtc.nvrtcCreateProgram(CUDA_SOURCE.encode(), b"conv_igemm.cu", 0, [], []),
-              "create")
-    names = [c.name_expression.encode() for c in configs]
-    for n in names:
-        ok(nvrtc.nvrtcAddNameExpression(prog, n), "add name")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
-    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC compile failed:\n{log.decode(errors='replace')}")
-    size = ok(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
-    ptx = b" " * size
-    ok(nvrtc.nvrtcGetPTX(prog, ptx), "get ptx")
-    return ptx.decode().rstrip("\x00")
+    return nvrtc_ptx(CUDA_SOURCE, "conv_igemm.cu", [c.name_expression for c in configs], arch)

@@ -536,28 +536,9 @@ def compile_ptx(configs=(GEMM_DEFAULT, CONV_DEFAULT), arch: str = "compute_80") 
 
     Raises RuntimeError with NVRTC's log if the source does not compile.
     """
-    from cuda.bindings import nvrtc
+    from ._nvrtc import nvrtc_ptx
 
-    def ok(res, what):
-        if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise RuntimeError(f"NVRTC {what} failed: {res[0]}")
-        return res[1] if len(res) > 1 else None
-
-    prog = ok(nvrtc.nvrtcCreateProgram(CUDA_SOURCE.encode(), b"wmma01.cu", 0, [], []),
-              "create")
-    for n in _names(configs):
-        ok(nvrtc.nvrtcAddNameExpression(prog, n.encode()), "add name")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
-    res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-    if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC compile failed:\n{log.decode(errors='replace')}")
-    size = ok(nvrtc.nvrtcGetPTXSize(prog), "ptx size")
-    ptx = b" " * size
-    ok(nvrtc.nvrtcGetPTX(prog, ptx), "get ptx")
-    return ptx.decode().rstrip("\x00")
+    return nvrtc_ptx(CUDA_SOURCE, "wmma01.cu", _names(configs), arch)
 
 
 # ----------------------------------------------------------------------------------------
