@@ -2,6 +2,7 @@
 """Every GPU measurement that lessons 10 and 11 show, checked then timed, in one run.
 
     . tools/device_env.sh; python3 tools/gpu/lessons10_11.py        # on the GPU machine
+    ... python3 tools/gpu/lessons10_11.py --only=l10_multi_gpu      # one section (and env)
     .venv/bin/python tools/gpu/lessons10_11.py --dry                # here: simulator, tiny
 
 Lesson 10: pinned vs pageable transfers; a copy overlapping a kernel (streams); the JPEG
@@ -32,6 +33,8 @@ import traceback
 import numpy as np
 
 DRY = "--dry" in sys.argv
+# --only a,b: run just these sections (and "environment"), e.g. --only l10_multi_gpu
+ONLY = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--only=")), None)
 import convlab  # noqa: E402
 
 convlab.setup("sim" if DRY else None)
@@ -80,6 +83,8 @@ def save():
 def section(name, optional=False):
     def deco(fn):
         t = time.time()
+        if ONLY and name not in ONLY and name != "environment":
+            return fn
         print(f"\n=== {name} ({elapsed():.0f} s)", flush=True)
         if optional and elapsed() > BUDGET_S and not DRY:
             RES["sections"][name] = {"skipped": f"time ({elapsed():.0f} s elapsed)"}
