@@ -90,6 +90,48 @@ def test_misaligned_view_costs_one_more_sector():
     assert t.sectors_per_request("store") == 4.0
 
 
+@cuda.jit
+def reread_kernel(a, b, reps):
+    lane = cuda.threadIdx.x % 32
+    acc = float32(0.0)
+    for _ in range(reps):
+        acc += a[lane * 8]  # lanes 32 bytes apart; every warp, every iteration: same sectors
+    b[cuda.grid(1)] = acc
+
+
+def test_after_l1_counts_each_sector_once_per_block():
+    a, b = rand(256), np.full(256, np.nan, np.float32)
+    t = trace.trace_launch(reread_kernel, a, b, 3, grid=2, block=128)
+    np.testing.assert_allclose(b, np.tile(3 * a[::8], 8), rtol=1e-6)
+    # each request: 32 lanes, 32 bytes apart -> 32 sectors (the L1 sees 32 per request)
+    assert t.sectors_per_request("load", array="a") == 32.0
+    # requests: 2 blocks x 4 warps x 3 iterations = 24; distinct sectors per block: the
+    # same 32 in every warp and iteration -> 2 x 32 = 64 leave the SMs: 64 / 24 = 8 / 3
+    fp = t.cache_footprint(array="a")
+    assert (fp["requests"], fp["requested"], fp["per_block"], fp["per_launch"]) == (
+        24, 24 * 32, 64, 32)
+    assert t.l2_sectors_per_request("load", array="a") == pytest.approx(8 / 3)
+    # stores are written through: 8 warps x 4 sectors, all of them go to L2
+    assert t.l2_sectors_per_request("store") == t.sectors_per_request("store") == 4.0
+    assert t.l2_bytes() == (64 + 8 * 4) * 32
+    assert t.conv_flops() is None  # not a conv: compare() then reports no intensity
+
+
+def test_after_l1_copy_and_strided_read():
+    n = 1024
+    a, b = rand(n), np.zeros(n, np.float32)
+    t = trace.trace_launch(copy_kernel, a, b, grid=8, block=128)
+    # per block 128 floats = 512 bytes = 16 sectors, 4 requests: 4 raw and 4 after L1
+    assert t.sectors_per_request("load") == 4.0
+    assert t.l2_sectors_per_request("load") == 4.0
+    n, stride = 256, 33
+    a, b = rand(n * stride), np.zeros(n, np.float32)
+    t = trace.trace_launch(strided_kernel, a, b, stride, grid=2, block=128)
+    # 132 bytes apart: every thread its own sector, nobody else's: 32 raw, 32 after L1
+    assert t.sectors_per_request("load", array="a") == 32.0
+    assert t.l2_sectors_per_request("load", array="a") == 32.0
+
+
 # ----------------------------------------------------------------------------------------
 # shared memory: bank conflicts
 
@@ -429,6 +471,40 @@ def test_naive_vs_coalesced_conv_sectors_match_the_hand_count():
         cr = np.r_[2, np.full(30, 3), 2]
         cc = np.r_[2, np.full(62, 3), 2]
         np.testing.assert_array_equal(t.load_counts("x")[0, 0], np.outer(cr, cc))
+
+
+def test_compare_naive_vs_coalesced_conv_after_l1():
+    x, w = rand(1, 1, 32, 64), rand(1, 1, 3, 3)
+    naive = _conv_trace(kernels.conv2d_naive, x, w, 1)
+    coal = _conv_trace(kernels.conv2d_coalesced, x, w, 1)
+    # x load requests. Naive: 64 warps, one per column q (32 rows each); a tap (r, s)
+    # with no valid thread is no request: r always has valid rows, s = 0 is outside for
+    # q = 0 and s = 2 for q = 63 -> 62 * 9 + 2 * 6 = 570. Coalesced: 64 warps (32 rows x
+    # 2 halves of 32 columns); r = 0 is outside for row 0, r = 2 for row 31 -> 564.
+    # Per-block distinct sectors (hand count in the test above): 704 and 380.
+    assert naive.cache_footprint(array="x")["requests"] == 570
+    assert coal.cache_footprint(array="x")["requests"] == 564
+    assert naive.l2_sectors_per_request("load", array="x") == pytest.approx(704 / 570)
+    assert coal.l2_sectors_per_request("load", array="x") == pytest.approx(380 / 564)
+    # after-L1 bytes, all arrays: x as above; w is 36 bytes = 2 sectors, every one of the
+    # 8 blocks uses all 9 taps -> 16; stores: 64 warps x 32 sectors (naive) or x 4
+    assert naive.l2_bytes() == (704 + 16 + 64 * 32) * 32
+    assert coal.l2_bytes() == (380 + 16 + 64 * 4) * 32
+    flops = 2 * 32 * 64 * 9
+    assert naive.conv_flops() == coal.conv_flops() == flops
+    c = trace.compare(naive, coal, names=("naive", "coalesced"), array="x")
+    assert c.raw_ratio == pytest.approx(94 / 13)
+    assert c.l2_ratio == pytest.approx((704 / 570) / (380 / 564))
+    assert c.raw_ratio > c.l2_ratio > 1  # naive worse on both, L1 absorbs most of it
+    assert c.intensity == pytest.approx((flops / ((704 + 16 + 2048) * 32),
+                                         flops / ((380 + 16 + 256) * 32)))
+    text = str(c)
+    assert "naive / coalesced: 7.23x" in text and "1.83x the sectors after L1" in text
+    assert "memory-bound" in text and "<pre>" in c._repr_html_()
+    assert c.as_dict()["rows"][0]["load_requests"] == 570
+    # explicit FLOP counts override the conv formula; a non-conv trace has no intensity
+    assert trace.compare(naive, coal, flops=(1, 2)).intensity == (
+        1 / naive.l2_bytes(), 2 / coal.l2_bytes())
 
 
 def test_pictures_and_text():

@@ -14,6 +14,8 @@ the memory system would have to do::
     t.shared_stats(); t.bank_conflicts(array="tile")
     t.plot_warp(site="x[", warp=0); t.heatmap("x")
     t.races()                           # shared-memory hazards (missing syncthreads)
+    t.l2_sectors_per_request("load", array="x")   # sectors that get past L1 (model below)
+    trace.compare(t_naive, t_coalesced, names=("naive", "coalesced"), array="x")
 
 It works under the simulator and in a process where `convlab.setup()` chose the real
 GPU: either way the kernel's Python function runs on the CPU, through numba-cuda's
@@ -39,6 +41,21 @@ The model
   many threads reading one word is a broadcast (no conflict). Accesses wider than 4 bytes
   are served in phases of 128 bytes (8-byte: half warps; 16-byte: quarter warps), each
   phase at best one wavefront; ``ways`` averages wavefronts over phases.
+- **After L1** (`l2_sectors_per_request`, `l2_bytes`, `cache_footprint`). Raw sectors
+  per request are the L1's work per load instruction, not the traffic: a sector that
+  another warp of the same block (or the same warp, one loop iteration earlier) already
+  brought in is served by L1. The model: each thread block has an L1 of unlimited size
+  that keeps every sector the block loads, and shares nothing with other blocks; so the
+  sectors that leave the SM are the *distinct* sectors per block, summed over blocks.
+  ``l2_sectors_per_request`` divides that by the load requests. Stores and atomics are
+  written through to L2: all their sectors count. `compare(a, b)` prints both ratios and
+  the FLOP per after-L1 byte of each traced launch.
+  Which one predicts time: for a memory-bound kernel (little arithmetic per after-L1 byte,
+  running near a memory limit) the after-L1 ratio; the raw ratio only where L1/load
+  throughput is the limit; for a latency- or issue-bound kernel (the naive conv kernels
+  at many channels) neither. Measured on an H200 (results/trace_h200_2026-11-29.txt):
+  1-channel 4096 x 4096 3x3 filter, naive / coalesced 7.0x raw, 1.77x after L1, 1.38x in
+  time; 128-channel 28 x 28 layer: 6.8x raw, 1.95x after L1, 1.02x in time.
 - **Races.** Two different threads of a block touching the same shared address in the
   same barrier interval (between the same two ``cuda.syncthreads()``), at least one
   writing, is a hazard: RAW / WAR / WAW by each thread's program order. Atomics do not
@@ -46,9 +63,13 @@ The model
 
 Limits (the tracer refuses, loudly, what it cannot model)
 ---------------------------------------------------------
-- **No caches.** L1, L2, the texture and constant caches are not modelled: sectors are
-  what a request asks the memory system for, not what DRAM delivers. A kernel whose
-  uncoalesced loads hit L1 can be faster than its sector count suggests.
+- **Caches, roughly.** Only the per-block L1 model above: no L1 capacity or eviction (a
+  block whose working set exceeds L1 fetches more than modelled), no sharing between the
+  blocks resident on one SM (they can hit each other's sectors: fetches fewer), no L2
+  (``cache_footprint()["per_launch"]`` is the compulsory traffic an L2 that keeps
+  everything would see), no texture or constant cache, no DRAM pages or TLB. Sectors are
+  what the requests ask for; time also depends on latency, occupancy and instruction
+  issue, which are not modelled at all.
 - **Data-dependent control flow** is traced as it happens for *these* inputs: another
   input can give other numbers. Loops with thread-dependent trip counts (``while``,
   grid-stride loops) are grouped by iteration number, as a GPU reconverging at the loop
@@ -78,9 +99,10 @@ from ._engine import (
     is_kernel,
     patched_launches,
 )
-from ._report import Race, Table, Trace
+from ._report import WHICH_PREDICTS, Comparison, Race, Table, Trace, compare
 
-__all__ = ["Race", "Table", "Trace", "TraceError", "trace_launch"]
+__all__ = ["WHICH_PREDICTS", "Comparison", "Race", "Table", "Trace", "TraceError", "compare",
+           "trace_launch"]
 
 
 def _launch_config(fn):

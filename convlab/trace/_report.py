@@ -316,8 +316,10 @@ class Trace:
         rec = m[self._req_of_record] if len(r["site"]) else np.zeros(0, bool)
         if not rec.any():
             raise TraceError(f"no global {kind} requests in this trace")
-        sec = r["off"][rec] // SECTOR
-        arr, blk, lau = r["arr"][rec], r["block"][rec], r["launch"][rec]
+        # an access that straddles a sector boundary touches both sectors
+        s0, s1 = r["off"][rec] // SECTOR, (r["off"][rec] + r["size"][rec] - 1) // SECTOR
+        sec = np.concatenate([s0, s1])
+        arr, blk, lau = (np.tile(r[k][rec], 2) for k in ("arr", "block", "launch"))
         ms = int(sec.max()) + 1
         na = len(self.arrays)
         per_launch = len(np.unique((lau * na + arr) * ms + sec))
@@ -325,6 +327,47 @@ class Trace:
         per_block = len(np.unique(((lau * nb + blk) * na + arr) * ms + sec))
         return dict(requested=int(q["sectors"][m].sum()), per_block=per_block,
                     per_launch=per_launch, requests=int(m.sum()))
+
+    def l2_sectors_per_request(self, kind="load", array=None) -> float:
+        """Sectors per warp request that leave the SM, i.e. get past L1 to L2/DRAM.
+
+        The model (see the module docstring): for loads, an L1 that keeps every sector
+        one thread block touches for the block's lifetime and shares nothing between
+        blocks, so a block fetches each distinct sector once: distinct sectors per block,
+        summed over blocks, divided by the warp requests (``cache_footprint()`` per_block
+        / requests). Stores and atomics are not kept in L1 (write-through): every sector
+        of every request goes to L2, so for them this equals `sectors_per_request`.
+        Compare `sectors_per_request`, the L1's work per load instruction.
+        """
+        if kind != "load":
+            return self.sectors_per_request(kind, array)
+        fp = self.cache_footprint(kind, array)
+        return fp["per_block"] / fp["requests"]
+
+    def l2_bytes(self) -> int:
+        """Bytes that leave the SMs in the L1 model of `l2_sectors_per_request`: distinct
+        load sectors per block plus every store / atomic sector, x 32, all global arrays."""
+        total = self.cache_footprint("load")["per_block"] if self._select(
+            False, "load").any() else 0
+        m = self._select(False, ["store", "atomic"])
+        return int((total + self._requests()["sectors"][m].sum()) * SECTOR)
+
+    def conv_flops(self):
+        """2 N K P Q C R S for a trace whose arrays x (N, C, H, W), w (K, C, R, S) and an
+        output (N, K, P, Q) are 4-D (the course's direct-conv kernels); else None.
+        Taps in the padding count, as in `convlab.reference.conv2d_flops`."""
+        try:
+            x, w = self.array("x").shape, self.array("w").shape
+        except TraceError:
+            return None
+        if len(self.launches) != 1:
+            return None
+        outs = [a.shape for a in self.arrays if a.space == "global" and len(a.shape) == 4
+                and a.name not in ("x", "w") and a.shape[:2] == (x[0], w[0])]
+        if len(x) != 4 or len(w) != 4 or len(outs) != 1:
+            return None
+        n, k, p, q = outs[0]
+        return 2 * n * k * p * q * w[1] * w[2] * w[3]
 
     def _outputs(self, out) -> int:
         a = self.array(out)
@@ -626,6 +669,77 @@ class Trace:
     def __repr__(self):
         return (f"<Trace: {len(self.launches)} launch(es), {len(self._r['site'])} accesses, "
                 f"{len(self.sites)} sites>")
+
+
+WHICH_PREDICTS = (
+    "Which ratio predicts time: if the kernel is memory-bound (few FLOP per after-L1 byte "
+    "AND it runs near a memory limit), time follows the after-L1 ratio, the traffic to "
+    "L2/DRAM; the raw ratio is the L1's work per load instruction, which costs time only "
+    "when L1/load throughput is the limit. If the kernel is not memory-bound (latency- or "
+    "issue-bound: many instructions per load, as the naive conv at many channels), neither "
+    "predicts time. Coalescing still matters once data reuse moves to shared memory: then "
+    "each global element is loaded once per tile, L1 has nothing left to absorb, and the "
+    "raw ratio is the traffic.")
+
+
+@dataclass
+class Comparison:
+    """Two traces side by side: the L1's work, the traffic after L1, FLOP per byte."""
+
+    table: Table
+    raw_ratio: float        # sectors per load request, a / b (L1 work per load instruction)
+    l2_ratio: float         # after-L1 sectors per load request, a / b (traffic to L2/DRAM)
+    intensity: tuple        # FLOP per after-L1 byte of each traced launch (None: unknown)
+    names: tuple
+
+    def text(self) -> str:
+        a, b = self.names
+        return (f"{self.table}\n{a} / {b}: {self.raw_ratio:.2f}x the sectors per load request "
+                f"(L1 work per load instruction), {self.l2_ratio:.2f}x the sectors after L1 "
+                f"(traffic to L2/DRAM).\n{WHICH_PREDICTS}")
+
+    def __str__(self):
+        return self.text()
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        return f"<pre>{html.escape(self.text())}</pre>"
+
+    def as_dict(self) -> dict:
+        return dict(names=list(self.names), raw_ratio=self.raw_ratio, l2_ratio=self.l2_ratio,
+                    intensity=list(self.intensity), rows=[dict(r) for r in self.table])
+
+
+def compare(a: Trace, b: Trace, names=("a", "b"), array=None, flops=None) -> Comparison:
+    """Compare two traced launches (e.g. naive vs coalesced) by two load metrics.
+
+    raw: `sectors_per_request` of global loads, what each load instruction asks of L1;
+    after L1: `l2_sectors_per_request`, what leaves the SM (distinct sectors per block).
+    array: restrict both metrics to loads of one array (e.g. "x"). flops: the FLOP count
+    of each traced launch, a pair or one number for both (default: `Trace.conv_flops`);
+    the intensity is FLOP per after-L1 byte (`l2_bytes`, loads and stores) of the
+    *traced* launch. Ratios are a / b: above 1 means a makes more memory traffic.
+    """
+    fl = flops if isinstance(flops, (tuple, list)) else (flops, flops)
+    rows = []
+    for t, name, f in zip((a, b), names, fl, strict=True):
+        f = t.conv_flops() if f is None else f
+        lb = t.l2_bytes()
+        rows.append(dict(
+            trace=name, load_requests=t.cache_footprint("load", array)["requests"],
+            sectors_per_req=t.sectors_per_request("load", array),
+            l2_sectors_per_req=t.l2_sectors_per_request("load", array),
+            ideal_per_req=t.ideal_sectors_per_request("load", array),
+            l2_bytes=lb, flop_per_l2_byte=(f / lb if f is not None and lb else None)))
+    raw = rows[0]["sectors_per_req"] / rows[1]["sectors_per_req"]
+    l2 = rows[0]["l2_sectors_per_req"] / rows[1]["l2_sectors_per_req"]
+    what = f" of {array}" if array else ""
+    table = Table(rows, list(rows[0]), f"global loads{what}: sectors per warp request, raw "
+                  "(L1 work) and after L1 (traffic to L2/DRAM)",
+                  {"sectors_per_req": ".2f", "l2_sectors_per_req": ".2f",
+                   "ideal_per_req": ".2f", "flop_per_l2_byte": ".2f"})
+    return Comparison(table, raw, l2, tuple(r["flop_per_l2_byte"] for r in rows), tuple(names))
 
 
 def _hazard(acc):
