@@ -21,6 +21,7 @@ from . import (  # noqa: E402
     conv08_implicit_gemm_tuned,
     conv09_implicit_gemm_cuda,
     depthwise01_direct,
+    depthwise02_smem,
     filter01_naive,
     filter02_tiled,
     gemm01_tiled,
@@ -40,6 +41,7 @@ from .conv07_implicit_gemm_pipelined import conv2d_implicit_gemm_pipelined  # no
 from .conv08_implicit_gemm_tuned import conv2d_implicit_gemm_tuned  # noqa: E402
 from .conv09_implicit_gemm_cuda import conv2d_implicit_gemm_cuda  # noqa: E402
 from .depthwise01_direct import conv2d_depthwise  # noqa: E402
+from .depthwise02_smem import conv2d_depthwise_smem  # noqa: E402
 from .filter01_naive import filter2d_naive  # noqa: E402
 from .filter02_tiled import filter2d_tiled  # noqa: E402
 from .gemm01_tiled import gemm_tiled  # noqa: E402
@@ -88,6 +90,7 @@ MODULES = {
     "gemm_vectorized": gemm03_vectorized,
     "gemm_double_buffered": gemm04_double_buffered,
     "depthwise": depthwise01_direct,
+    "depthwise_smem": depthwise02_smem,
     "separable_cols": separable01_rows_cols,
 }
 
@@ -110,6 +113,7 @@ GEMM_LADDER = {
 # as the conv launchers.
 DEPTHWISE_LADDER = {
     "direct": conv2d_depthwise,
+    "smem": conv2d_depthwise_smem,
 }
 
 # Separable filters as two 1-D passes, lesson 11:
@@ -143,4 +147,4 @@ __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupporte
            "conv2d_implicit_gemm_tuned", "conv2d_implicit_gemm_cuda", "gemm_register_blocked",
            "gemm_vectorized", "gemm_double_buffered", "conv08_implicit_gemm_tuned",
            "conv09_implicit_gemm_cuda", "DEPTHWISE_LADDER", "SEPARABLE_LADDER", "conv2d_depthwise",
-           "filter2d_separable"]
+           "conv2d_depthwise_smem", "filter2d_separable"]
