@@ -44,6 +44,7 @@ from convlab import baselines, bench, check, fft_conv, measure, problems, winogr
 from convlab import pipeline as pl  # noqa: E402
 from convlab import reference as ref  # noqa: E402
 from convlab.kernels import depthwise01_direct as dw  # noqa: E402
+from convlab.kernels import depthwise02_smem as dws  # noqa: E402
 from convlab.kernels import filter01_naive  # noqa: E402
 from convlab.kernels import separable01_rows_cols as sep  # noqa: E402
 
@@ -271,6 +272,26 @@ def _rotating(nsets, make_call):
     return f
 
 
+# depthwise02_smem tilings timed on each layer (g planes per block, tp output rows per
+# block, v outputs per thread, threads per block); the first of each is the default tiling
+SMEM_SWEEP = {
+    ("dw512", 1): [{}, dict(g=8, v=7, threads=256), dict(g=18, v=7, threads=512),
+                   dict(g=4, v=7, threads=128), dict(g=9, v=14, threads=256),
+                   dict(g=8, v=14, threads=128), dict(g=9, v=2, threads=256),
+                   dict(g=16, v=7, threads=256)],
+    ("dw512", 2): [{}, dict(g=16, v=7, threads=256), dict(g=8, v=7, threads=256),
+                   dict(g=27, v=1, threads=256), dict(g=12, v=1, threads=256),
+                   dict(g=24, v=7, threads=512)],
+    ("dw32", 1): [{}, dict(tp=16, v=4, threads=512), dict(tp=8, v=8, threads=128),
+                  dict(tp=32, v=8, threads=512), dict(tp=32, v=16, threads=256),
+                  dict(tp=8, v=4, threads=256), dict(tp=16, v=16, threads=128),
+                  dict(tp=28, v=7, threads=512)],
+    ("dw32", 2): [{}, dict(tp=8, v=8, threads=128), dict(tp=16, v=4, threads=256),
+                  dict(tp=8, v=4, threads=256), dict(tp=14, v=7, threads=128),
+                  dict(tp=16, v=8, threads=512)],
+}
+
+
 @section("l11_depthwise")
 def _depthwise():
     rows = []
@@ -303,17 +324,26 @@ def _depthwise():
             for v in ((4, 7, 8) if stride == 1 else (2, 4)):
                 for th in (128, 256):
                     variants.append((f"direct3d v{v} t{th}", dict(v=v, threads=th, d3=True)))
+            # the shared-memory tile kernel (depthwise02_smem): default tiling + a sweep
+            for cfg in SMEM_SWEEP[(name, stride)] if not DRY else ({}, dict(v=1)):
+                variants.append(("smem " + (" ".join(f"{k}{v}" for k, v in cfg.items())
+                                            or "default"), dict(cfg, smem=True)))
             for label, cfg in variants:
                 run = dw.launch_3d if cfg.get("d3") else dw.launch
+                if cfg.get("smem"):
+                    def run(x_, w_, y_, s_, p_, v=None, threads=None, _c=cfg):
+                        return dws.launch(x_, w_, y_, s_, p_, g=_c.get("g"), tp=_c.get("tp"),
+                                          v=v, threads=threads)
                 try:
                     dys[0].copy_to_device(check.poisoned(out_shape))
-                    run(dxs[0], dwt, dys[0], stride, 1, v=cfg["v"], threads=cfg["threads"])
+                    run(dxs[0], dwt, dys[0], stride, 1, v=cfg.get("v"), threads=cfg.get("threads"))
                     got = dys[0].copy_to_host()
                     comp = check.compare(got, expected, absref, 9)
                     if not comp.ok:
                         raise check.CheckError(comp.summary())
                     fn = _rotating(nsets, lambda i: run(dxs[i], dwt, dys[i], stride, 1,
-                                                        v=cfg["v"], threads=cfg["threads"]))
+                                                        v=cfg.get("v"),
+                                                        threads=cfg.get("threads")))
                     gpu = queued_ms(fn)
                     call = bench.time_gpu(fn, repeat=7).median_ms
                 except Exception as e:  # noqa: BLE001
@@ -323,6 +353,25 @@ def _depthwise():
                 layer["rows"].append(dict(name=label, **cfg, us=gpu * 1e3, per_call_us=call * 1e3,
                                           gbps=gbps, pct_copy=100 * gbps / COPY_GBPS,
                                           max_rel_err=comp.max_rel))
+            # a plain device-to-device copy moving the same bytes (M floats read, M
+            # written, 8M = x + w + y bytes, or x + y: M <= x.size), same rotating
+            # buffers, same timing; compared in GB/s
+            M = min(nbytes // 8, x.size)
+            srcs = [d.reshape(d.size)[:M] for d in dxs]
+            dcs = [cuda.device_array(M, np.float32) for _ in range(nsets)]
+            fn = _rotating(nsets, lambda i: dcs[i].copy_to_device(srcs[i]))
+            try:
+                fn()
+                gpu = queued_ms(fn)
+                call = bench.time_gpu(fn, repeat=7).median_ms
+                gbps = 8 * M / (gpu * 1e-3) / 1e9
+                layer["copy_same_bytes"] = dict(bytes=8 * M, us=gpu * 1e3, per_call_us=call * 1e3,
+                                                gbps=gbps, pct_copy=100 * gbps / COPY_GBPS)
+                layer["rows"].append(dict(name="copy same bytes (D2D)", **layer["copy_same_bytes"],
+                                          max_rel_err=0.0))
+            except Exception as e:  # noqa: BLE001
+                print(f"  size-matched copy: NOT TIMED: {type(e).__name__}: {str(e)[:300]}")
+            dcs.clear()
             if torch is not None:
                 F = torch.nn.functional
                 txs = [torch.from_numpy(x).cuda() for _ in range(nsets)]
@@ -673,9 +722,9 @@ for k, v in (mg.get("timing") or {}).items():
 d = RES["sections"].get("l11_depthwise") or {}
 for lay in d.get("layers", []):
     rows = lay["rows"]
-    ours = [r for r in rows if r["name"].startswith("direct")]
+    ours = [r for r in rows if r["name"].startswith(("direct", "smem"))]
     lib = [r for r in rows if r["name"].startswith("PyTorch")]
-    for family in ("direct ", "direct3d "):
+    for family in ("direct ", "direct3d ", "smem "):
         fam = [r for r in ours if r["name"].startswith(family)]
         if fam:
             b = min(fam, key=lambda r: r["us"])
@@ -685,8 +734,11 @@ for lay in d.get("layers", []):
         b = min(ours, key=lambda r: r["us"])
         t = f" vs PyTorch {lib[0]['us']:.1f} us ({lib[0]['pct_copy']:.0f}%) = " \
             f"{lib[0]['us'] / b['us']:.2f}x" if lib else ""
+        cs = lay.get("copy_same_bytes")
+        t2 = f"; {100 * b['gbps'] / cs['gbps']:.0f}% of a same-size copy ({cs['gbps']:.0f} GB/s)" \
+            if cs else ""
         print(f"{lay['layer']} s{lay['stride']}: best {b['name']} {b['us']:.1f} us "
-              f"{b['gbps']:.0f} GB/s ({b['pct_copy']:.0f}% of copy){t}")
+              f"{b['gbps']:.0f} GB/s ({b['pct_copy']:.0f}% of peak copy{t2}){t}")
 sp = RES["sections"].get("l11_separable") or {}
 for r in sp.get("rows", []):
     print(f"separable {sp['n']}^2 R={r['R']:2d} {r['name']:22s} {r['ms'] * 1e3:8.1f} us")
