@@ -224,7 +224,8 @@ def main():
     for r in table:
         l2 = f"{f(r, 'naive_l2_gbps', '.0f')}|{f(r, 'coalesced_l2_gbps', '.0f')}"
         print(f"{r['problem']:27s}{r['raw']:6.2f}x{r['after_l1']:7.2f}x"
-              f"{f(r, 'measured', '8.2f')}x{r['flop_per_l2_byte']:7.2f}"
+              f"{f(r, 'measured', '8.2f') + 'x' if r.get('measured') else '-':>9s}"
+              f"{r['flop_per_l2_byte']:7.2f}"
               f"{f(r, 'naive_ms', '9.3f')}{f(r, 'coalesced_ms', '8.3f')}{f(r, 'cudnn_ms', '9.3f')}"
               f"{f(r, 'coalesced_gbps', '6.0f')}{l2:>12s}")
 
