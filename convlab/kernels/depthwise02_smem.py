@@ -131,10 +131,20 @@ def make_kernel(H, W, P, Q, R, S, stride, ph, pw, C, g, tp, v, threads, ragged=T
                 if ok and (LOAD_EXACT or gp < uG) and (not ragged or u(plane0 + gp) < NC):
                     a = x[src + i * (RPT // TR) * HW]
                 vals[i] = a
+        elif g == 1:  # one plane: rows i*RPT apart, addresses i*RPT*W apart
+            hh0 = u(hb + jr)
+            src = u(u(base + u(hh0 * uW)) + k)  # the input address + ph*W + pw
+            for i in range(N_LOAD):
+                hh = u(hh0 + u(i * RPT))
+                a = float32(0.0)
+                if (kok and (LOAD_EXACT or u(jr + u(i * RPT)) < uTR) and hh >= uPH
+                        and hh < uHP):
+                    a = x[np.int64(src) + (i * RPT * W - ph * W - pw)]
+                vals[i] = a
         else:
             for i in range(N_LOAD):
                 J = u(jr + u(i * RPT))  # row of the block's tile (g planes x TR rows)
-                gp = u(J // uTR) if g > 1 else u(0)
+                gp = u(J // uTR)
                 hh = u(hb + u(J - u(gp * uTR)))
                 a = float32(0.0)
                 if (kok and (LOAD_EXACT or J < uGTR) and hh >= uPH and hh < uHP
@@ -199,7 +209,7 @@ def default_tiling(N, C, H, W, P, Q, R=3, S=3, stride=1) -> dict:
         tp -= 1
     v = max(d for d in range(1, 9) if tp % d == 0)
     items = (tp // v) * Q
-    threads = min(MAX_THREADS, 32 * ceil_div(max(items, 2 * TC), 32))
+    threads = min(MAX_THREADS, 32 * ceil_div(max(items, TC), 32))
     return dict(g=1, tp=tp, v=v, threads=threads)
 
 

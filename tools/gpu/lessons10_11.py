@@ -281,14 +281,14 @@ SMEM_SWEEP = {
                    dict(g=16, v=7, threads=256)],
     ("dw512", 2): [{}, dict(g=16, v=7, threads=256), dict(g=8, v=7, threads=256),
                    dict(g=27, v=1, threads=256), dict(g=12, v=1, threads=256),
-                   dict(g=24, v=7, threads=512)],
-    ("dw32", 1): [{}, dict(tp=16, v=4, threads=512), dict(tp=8, v=8, threads=128),
-                  dict(tp=32, v=8, threads=512), dict(tp=32, v=16, threads=256),
-                  dict(tp=8, v=4, threads=256), dict(tp=16, v=16, threads=128),
+                   dict(g=27, v=7, threads=192)],
+    ("dw32", 1): [{}, dict(tp=16, v=8, threads=256), dict(tp=16, v=4, threads=512),
+                  dict(tp=8, v=8, threads=128), dict(tp=32, v=8, threads=512),
+                  dict(tp=32, v=16, threads=256), dict(tp=8, v=4, threads=256),
                   dict(tp=28, v=7, threads=512)],
-    ("dw32", 2): [{}, dict(tp=8, v=8, threads=128), dict(tp=16, v=4, threads=256),
-                  dict(tp=8, v=4, threads=256), dict(tp=14, v=7, threads=128),
-                  dict(tp=16, v=8, threads=512)],
+    ("dw32", 2): [{}, dict(tp=16, v=8, threads=256), dict(tp=14, v=7, threads=128),
+                  dict(tp=16, v=4, threads=256), dict(tp=8, v=4, threads=256),
+                  dict(tp=8, v=8, threads=128)],
 }
 
 
