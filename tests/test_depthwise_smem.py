@@ -56,9 +56,11 @@ def test_smem_default_tiling_and_checker():
 
 def test_default_tiling_of_the_real_layers():
     t = dws.default_tiling(32, 512, 14, 14, 14, 14)
-    assert t == dict(g=9, tp=14, v=7, threads=256)  # 9 planes of a 16x16 tile: 9 KB
+    assert t == dict(g=8, tp=14, v=7, threads=256)  # 8 planes of a 16x16 tile: 8 KB
     t = dws.default_tiling(32, 32, 112, 112, 112, 112)
     assert t["g"] == 1 and t["tp"] == 16 and t["tp"] % t["v"] == 0  # bands
+    t = dws.default_tiling(32, 512, 14, 14, 7, 7, 3, 3, 2)
+    assert (t["g"], t["v"], t["threads"]) == (8, 7, 256)  # the sweep's best at stride 2
     for shape, s in (((32, 512, 14, 14), 2), ((32, 32, 112, 112), 2), ((1, 1, 300, 300), 1)):
         N, C, H, W = shape
         P = Q = (H + 2 - 3) // s + 1

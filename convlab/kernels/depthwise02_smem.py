@@ -192,15 +192,17 @@ def default_tiling(N, C, H, W, P, Q, R=3, S=3, stride=1) -> dict:
     """G (planes per block), TP (output rows per block), V (outputs per thread) and threads.
 
     Small planes (P*Q <= 1024 and a plane's tile fits): whole planes (TP = P), V the
-    largest divisor of P up to 8, G planes so that a block has about 256 work items and a
-    tile under SMEM_LIMIT. Larger planes: one plane per block, bands of TP = 16 rows (fewer
-    if the tile would not fit), V the largest divisor of TP up to 8.
+    largest divisor of P up to 8, G = 8 planes per block (fewer if the tile would pass
+    SMEM_LIMIT; the H200 sweep of tools/gpu/lessons10_11.py, 2026-11-29: G = 8 of 14 x 14
+    was the fastest at stride 1, 11.5 us, and at stride 2, 7.9 us, where G = 27 took 10.6).
+    Larger planes: one plane per block, bands of TP = 16 rows (fewer if the tile would not
+    fit), V the largest divisor of TP up to 8 (within 5% of the sweep's best there).
     """
     TR, TC = tile_shape(P, Q, R, S, stride, P)
     if P * Q <= 1024 and TR * TC * 4 <= SMEM_LIMIT:
         v = max(d for d in range(1, 9) if P % d == 0)
         items = (P // v) * Q  # work items of one plane
-        g = max(1, min(256 // items, SMEM_LIMIT // (4 * TR * TC), N * C))
+        g = max(1, min(8, SMEM_LIMIT // (4 * TR * TC), N * C))
         # at least a plane's tile of threads: phase 1 then copies whole planes per pass
         threads = min(MAX_THREADS, 32 * ceil_div(max(g * items, TR * TC), 32))
         return dict(g=g, tp=P, v=v, threads=threads)
