@@ -627,6 +627,44 @@ def draw_halo_tile(H=12, W=20, tile=(8, 4), kernel_hw=3, block=(1, 1), v=1, pad=
     return fig
 
 
+def draw_plane_tiles(G=3, H=5, W=5, pad=1, threads=8, v=2):
+    """Depthwise through shared memory: G whole planes, contiguous in global memory (top),
+    copied by consecutive threads into G zero-padded tiles in shared memory (bottom).
+
+    threads: the width of one copy pass (framed in red on both sides); v: outputs per thread
+    down a column (thread 0's read window is dashed). Returns the figure.
+    """
+    plt = _plt()
+    n = G * H * W
+    Hp, Wp = H + 2 * pad, W + 2 * pad
+    width = max(n, G * (Wp + 1))
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(min(14, 0.22 * width + 2), 4.2),
+                                  gridspec_kw=dict(height_ratios=[1.2, Hp + 1.5]))
+    colors = [[CHANNEL_COLORS[i // (H * W) % len(CHANNEL_COLORS)] for i in range(n)]]
+    _grid(ax, 0, 0, 1, n, color=colors)
+    for g in range(G):
+        ax.text(g * H * W + H * W / 2, 1.8, f"plane {g} ({H}x{W})", ha="center", fontsize=8)
+    _frame(ax, 0, 0, 1, min(threads, n), lw=1.8)
+    _finish(ax, f"global memory (NCHW): the block's {G} planes are one contiguous range; one "
+                f"copy pass = {threads} consecutive threads on {threads} consecutive addresses")
+    for g in range(G):
+        x0 = g * (Wp + 1)
+        fc = [["0.88" if not (pad <= i < pad + H and pad <= j < pad + W)
+               else CHANNEL_COLORS[g % len(CHANNEL_COLORS)] for j in range(Wp)] for i in range(Hp)]
+        lab = [["0" if fc[i][j] == "0.88" else "" for j in range(Wp)] for i in range(Hp)]
+        _grid(ax2, x0, 0, Hp, Wp, color=fc, labels=lab, fontsize=6)
+        first = range(min(threads, n) - g * H * W)
+        for t in first:
+            if 0 <= t < H * W:
+                _frame(ax2, x0 + pad + t % W, pad + t // W, 1, 1, lw=1.2)
+    _frame(ax2, 0, 0, min(v, H) + 2 * pad, 2 * pad + 1, color="#023047", lw=1.4, ls="--")
+    _finish(ax2, f"shared memory: {G} tiles of {Hp}x{Wp} with a ring of zeros (the padding), so "
+                 f"computing needs no bounds tests; thread 0's {min(v, H)} outputs read the dashed "
+                 "window")
+    fig.tight_layout()
+    return fig
+
+
 def draw_banks(pitch=32, rows=8, cols=32):
     """A shared-memory tile with row pitch `pitch` floats, coloured by bank, and the 32
     words one warp reads when thread i reads row i of column 0 (a column read).

@@ -103,3 +103,15 @@ def test_explorer_outside_a_kernel_prints_a_note_and_returns_a_picture(capsys):
     fig = widgets.filter_explorer(images.photo(12, crop="face"))
     assert "could not be displayed" in capsys.readouterr().out
     assert len(fig.axes) == 3
+
+
+def test_draw_plane_tiles_marks_zeros_and_one_copy_pass():
+    fig = viz.draw_plane_tiles(G=2, H=3, W=4, pad=1, threads=5, v=2)
+    top, bottom = fig.axes
+    # 2 planes x 12 values in global memory; 2 tiles of 5x6 in shared memory
+    assert sum(1 for p in top.patches if p.get_fill()) == 24
+    zeros = [t for t in bottom.texts if t.get_text() == "0"]
+    assert len(zeros) == 2 * (5 * 6 - 3 * 4)
+    red = [p for p in bottom.patches
+           if not p.get_fill() and p.get_width() == 1 and p.get_height() == 1]
+    assert len(red) == 5  # the first copy pass lands on 5 cells of tile 0
