@@ -292,6 +292,8 @@ def test_capstone_points_and_ladder_from_the_stored_runs():
     assert {"conv course", "conv library", "GEMM", "tensor cores", "image filter",
             "depthwise"} <= fams
     assert all(p["ai"] > 0 and p["tflops"] > 0 for p in pts)
+    dws = [p["name"] for p in pts if p["family"] == "depthwise"]  # a kernel and PyTorch per layer
+    assert len(dws) == 4 and not any(n.startswith("copy") for n in dws), dws
     conv = [p for p in pts if p["family"] == "conv course"]
     assert all(p["ai"] == pytest.approx(lad["ladders"][0]["flops"] / lad["ladders"][0]["bytes"])
                for p in conv if "64ch" in p["label"])
