@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from ._blocking import gemm_launch_params
 from ._launch import Unsupported, ceil_div, launcher
 
 T = 32  # tile side (threads per block: T*T); 16 and 32 are built, see make_kernel
@@ -71,18 +72,7 @@ def make_kernel(tile: int = T):
 
 
 def _check(name, a, b, out):
-    for label, arr in (("a", a), ("b", b), ("out", out)):
-        if arr is None or not hasattr(arr, "shape"):
-            raise TypeError(f"{name}: {label} must be a device array, got {type(arr).__name__}")
-        if np.dtype(arr.dtype) != np.float32:
-            raise TypeError(f"{name}: {label} must be float32, got {arr.dtype}")
-        if len(arr.shape) != 2:
-            raise ValueError(f"{name}: {label} must be 2-D, got shape {tuple(arr.shape)}")
-    (M, K), (K2, N) = a.shape, b.shape
-    if K2 != K:
-        raise ValueError(f"{name}: inner sizes differ: a is {M}x{K}, b is {K2}x{N}")
-    if tuple(out.shape) != (M, N):
-        raise ValueError(f"{name}: out has shape {tuple(out.shape)}, expected {(M, N)}")
+    M, N, K = gemm_launch_params(name, a, b, out)
     if max(M * K, K * N, M * N) >= 2**31:
         raise Unsupported(f"{name}: matrices of 2**31 elements or more need 64-bit indices")
     return M, N, K
