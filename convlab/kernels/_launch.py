@@ -50,6 +50,22 @@ def conv_launch_params(name: str, x, w, out, stride, padding, dilation, groups,
     return p
 
 
+def chosen_launch(name: str, cache: dict, pick, x, w, out, stride, padding, dilation,
+                  groups):
+    """The launch function `pick(ConvParams)` chose for this layer, remembered per shape and
+    arguments in `cache`: the first call validates and chooses, a repeat costs a dict lookup."""
+    try:
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups)
+        launch = cache.get(key)
+    except TypeError:  # unhashable arguments: validate and choose every time
+        key, launch = None, None
+    if launch is None:
+        launch = pick(conv_launch_params(name, x, w, out, stride, padding, dilation, groups))
+        if key is not None:
+            cache[key] = launch
+    return launch
+
+
 def launcher(fn):
     """Mark fn as a GPU launcher (device arrays in, fills `out`) for checkers and bench."""
     fn.device = True

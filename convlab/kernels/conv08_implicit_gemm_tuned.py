@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ..runtime import is_simulator
 from . import conv07_implicit_gemm_pipelined as c7
-from ._launch import conv_launch_params, launcher
+from ._launch import chosen_launch, launcher
 
 _CHOICE: dict = {}
 
@@ -47,17 +47,9 @@ def choose(p) -> c7.Config:
 @launcher
 def conv2d_implicit_gemm_tuned(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """conv07's kernel with the tile shape `choose` picks for this layer."""
-    try:
-        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups)
-        launch = _CHOICE.get(key)
-    except TypeError:
-        key, launch = None, None
-    if launch is None:
-        p = conv_launch_params("conv2d_implicit_gemm_tuned", x, w, out, stride, padding,
-                               dilation, groups)
-        launch = c7.launcher_for(choose(p))
-        if key is not None:
-            _CHOICE[key] = launch
+    launch = chosen_launch("conv2d_implicit_gemm_tuned", _CHOICE,
+                           lambda p: c7.launcher_for(choose(p)), x, w, out, stride, padding,
+                           dilation, groups)
     return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
