@@ -15,13 +15,12 @@ find mistakes before spending GPU time; its numbers mean nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
+from _sections import Sections, fake_gpu_clocks
 
 DRY = "--dry" in sys.argv
 import convlab  # noqa: E402
@@ -41,51 +40,24 @@ from convlab.kernels import (  # noqa: E402
     layout,
 )
 
-T0 = time.time()
 GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
 SOBEL_X = np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32)
 OUT = os.environ.get("OUT", "/tmp/lesson06_out")
 os.makedirs(OUT, exist_ok=True)
-RES: dict = {"sections": {}, "errors": {}}
+RUN = Sections(os.path.join(OUT, "lessons04_06.json"))
+RES, section, save, T0 = RUN.res, RUN.section, RUN.save, RUN.t0
 SUMMARY: list = []
 
 if DRY:  # a fake clock: the simulator cannot time anything
-    def _fake_time_gpu(fn, *args, warmup=1, repeat=3, group_ms=2.0, **kw):
-        fn(*args, **kw)
-        return bench.Timing([1.0, 1.0, 1.0], "dry run (fake)")
-
-    bench.time_gpu = _fake_time_gpu
     from convlab import measure as _m
 
-    _m.time_gpu_queued = _fake_time_gpu
+    fake_gpu_clocks(bench, _m)
     _m.launch_cost_us = lambda fn, *a, calls=1, **k: (fn(*a, **k), 1.0)[1]
     _m.require_gpu = lambda *a: None
     _m.launch_overhead = lambda: {"dry": 1.0}
     _m.transfer_table = lambda sizes: [{"bytes": 1, "h2d_pageable": {"gbps": 1.0}}]
     _m.wall_vs_events = lambda fn, *a, **k: (fn(*a, **k), {"dry": 1.0})[1]
-    bench.copy_bandwidth = lambda *a, **k: 1000.0
     bench.fma_peak = lambda *a, **k: 10.0
-
-
-def save():
-    RES["elapsed_s"] = round(time.time() - T0, 1)
-    with open(os.path.join(OUT, "lessons04_06.json"), "w") as f:
-        json.dump(RES, f, indent=1, default=float)
-
-
-def section(name):
-    def deco(fn):
-        t = time.time()
-        print(f"\n=== {name} ({t - T0:.0f} s)", flush=True)
-        try:
-            RES["sections"][name] = fn()
-        except Exception as e:  # noqa: BLE001  (one broken section must not stop the rest)
-            traceback.print_exc()
-            RES["errors"][name] = f"{type(e).__name__}: {e}"
-        RES.setdefault("section_s", {})[name] = round(time.time() - t, 1)
-        save()
-        return fn
-    return deco
 
 
 def med(fn, *args, **kw):

@@ -24,13 +24,12 @@ convlab/results/h200_lessons10_11.json) and prints a short table last.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
+from _sections import Sections, fake_gpu_clocks
 
 DRY = "--dry" in sys.argv
 # --only a,b: run just these sections (and "environment"), e.g. --only l10_multi_gpu
@@ -48,58 +47,18 @@ from convlab.kernels import depthwise02_smem as dws  # noqa: E402
 from convlab.kernels import filter01_naive  # noqa: E402
 from convlab.kernels import separable01_rows_cols as sep  # noqa: E402
 
-T0 = time.time()
 BUDGET_S = float(os.environ.get("BUDGET_S", 115))  # skip optional parts after this
 OUT = os.environ.get("OUT", "/tmp/lessons10_11_out")
 os.makedirs(OUT, exist_ok=True)
-RES: dict = {"sections": {}, "errors": {}, "commit": os.environ.get("COMMIT"),
-            "command": " ".join(sys.argv)}
+RUN = Sections(os.path.join(OUT, "lessons10_11.json"),
+               {"commit": os.environ.get("COMMIT"), "command": " ".join(sys.argv)},
+               budget_s=float("inf") if DRY else BUDGET_S, only=ONLY)
+RES, section, save, elapsed = RUN.res, RUN.section, RUN.save, RUN.elapsed
 
 if DRY:  # a fake clock: the simulator cannot time anything
-    def _fake_time_gpu(fn, *args, warmup=1, repeat=3, group_ms=2.0, **kw):
-        fn(*args, **kw)
-        return bench.Timing([1.0, 1.0, 1.0], "dry run (fake)")
-
-    def _fake_queued(fn, *args, calls=1, repeat=1, **kw):
-        fn(*args, **kw)
-        return bench.Timing([1.0], "dry run (fake)")
-
-    bench.time_gpu = _fake_time_gpu
-    measure.time_gpu_queued = _fake_queued
+    fake_gpu_clocks(bench, measure)
     measure.transfer_table = lambda sizes, repeat=1: [{"bytes": 1, "h2d_pinned": {"gbps": 1}}]
     pl.copy_compute_overlap = lambda *a, **k: {"dry": 1.0}
-    bench.copy_bandwidth = lambda *a, **k: 1000.0
-
-
-def elapsed() -> float:
-    return time.time() - T0
-
-
-def save():
-    RES["elapsed_s"] = round(elapsed(), 1)
-    with open(os.path.join(OUT, "lessons10_11.json"), "w") as f:
-        json.dump(RES, f, indent=1, default=float)
-
-
-def section(name, optional=False):
-    def deco(fn):
-        t = time.time()
-        if ONLY and name not in ONLY and name != "environment":
-            return fn
-        print(f"\n=== {name} ({elapsed():.0f} s)", flush=True)
-        if optional and elapsed() > BUDGET_S and not DRY:
-            RES["sections"][name] = {"skipped": f"time ({elapsed():.0f} s elapsed)"}
-            print("  skipped: out of time")
-            return fn
-        try:
-            RES["sections"][name] = fn()
-        except Exception as e:  # noqa: BLE001  (one broken section must not stop the rest)
-            traceback.print_exc()
-            RES["errors"][name] = f"{type(e).__name__}: {e}"
-        RES.setdefault("section_s", {})[name] = round(time.time() - t, 1)
-        save()
-        return fn
-    return deco
 
 
 def queued_ms(fn, calls=20, repeat=7) -> float:
