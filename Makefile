@@ -16,6 +16,8 @@ ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# the distribution is convlab-course; `convlab` is ConvLab-3's (or this course's old) name
+	@$(PY) -m pip uninstall --quiet --yes convlab 2>/dev/null || true
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	@touch $@
@@ -27,6 +29,7 @@ lab: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check convlab tests
 	$(PY) -m convlab exercises build --check
+	$(PY) -m convlab publish --check
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -1,5 +1,5 @@
-"""Command line: ``python -m convlab doctor | bench | exercises | grade | grade-batch |
-autograder``."""
+"""Command line: ``python -m convlab doctor | bench | measure | exercises | grade |
+grade-batch | autograder | publish | pack``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,9 @@ def _grade_options(p):
     p.add_argument("--total-timeout", type=float, default=None, help="seconds in all (900)")
     p.add_argument("--mode", default="sim", choices=("sim", "gpu"),
                    help="run kernels under the simulator (default) or on the GPU")
+    p.add_argument("--assignment", default=None,
+                   help="grade against this notebook of --instructor (e.g. 06); a "
+                        "submission without its tasks is an error")
 
 
 def _grade(args) -> int:
@@ -70,7 +73,8 @@ def _grade(args) -> int:
     try:
         res = grade(args.notebook, args.instructor, args.private_tests,
                     cell_timeout=args.cell_timeout, total_timeout=args.total_timeout,
-                    mode=args.mode, deny_write=deny)
+                    mode=args.mode, deny_write=deny, hide=args.hide,
+                    assignment=args.assignment)
     except GradingError as e:
         print(f"convlab grade: {e}", file=sys.stderr)
         if args.out:
@@ -88,7 +92,8 @@ def _grade_batch(args) -> int:
 
     rows = grade_batch(args.folder, args.out, jobs=args.jobs, instructor=args.instructor,
                        private_tests=args.private_tests, cell_timeout=args.cell_timeout,
-                       total_timeout=args.total_timeout, mode=args.mode)
+                       total_timeout=args.total_timeout, mode=args.mode,
+                       assignment=args.assignment)
     for r in rows:
         print(f"{r['submission']:<40} {r['score']:>6g} / {r['max_score'] or '?'} "
               f"{r['status']} {r['error']}")
@@ -98,17 +103,57 @@ def _grade_batch(args) -> int:
 def _autograder(args) -> int:
     from .grading.gradescope import write_autograder
 
-    names = write_autograder(args.out, args.root, args.private_tests, args.notebooks,
-                             args.cell_timeout, args.total_timeout)
+    try:
+        names = write_autograder(args.out, args.root, args.private_tests, args.notebooks,
+                                 args.cell_timeout, args.total_timeout)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"convlab autograder: {e}", file=sys.stderr)
+        return 1
     graders = [n for n in names if n.startswith("graders/")]
     print(f"wrote {args.out}: setup.sh, run_autograder, the convlab package and "
           f"{len(graders)} grading notebook(s) ({', '.join(g[8:] for g in graders)})")
     return 0
 
 
+def _publish(args) -> int:
+    from .publish import PublishError, publish
+
+    try:
+        rep = publish(args.root, args.repo, args.branch, check=args.check)
+    except PublishError as e:
+        print(f"convlab publish: {e}", file=sys.stderr)
+        return 1
+    print(rep.text(args.check))
+    return 0 if rep.ok else 1
+
+
+def _pack(args) -> int:
+    from .publish import PublishError, pack
+
+    try:
+        out = pack(args.root, args.out, deps=args.deps, python=args.python)
+    except PublishError as e:
+        print(f"convlab pack: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}: upload it to Colab or add it as a Kaggle dataset; "
+          "the install cell installs from it")
+    return 0
+
+
+def _measure(argv) -> int:
+    from .measure import main as measure_main
+
+    return measure_main(argv)
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["measure"]:  # its own options (python -m convlab measure --help)
+        return _measure(argv[1:])
     ap = argparse.ArgumentParser(prog="convlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("measure", add_help=False,
+                   help="run a lesson's GPU measurements and store them (measure --help)")
     d = sub.add_parser("doctor", help="what this machine has, and what is wrong with the fix")
     d.add_argument("--sim", action="store_true", help="diagnose the simulator path")
     d.set_defaults(func=_doctor)
@@ -130,6 +175,8 @@ def main(argv=None) -> int:
     g.add_argument("notebook")
     g.add_argument("--out", default=None, help="write Gradescope's results.json here")
     g.add_argument("--quiet", action="store_true", help="no summary on the terminal")
+    g.add_argument("--hide", action="append", default=[],
+                   help="a path the learner's code must not read (repeatable)")
     _grade_options(g)
     g.set_defaults(func=_grade)
     gb = sub.add_parser("grade-batch", help="grade a folder of notebooks into gradebook.csv")
@@ -142,10 +189,26 @@ def main(argv=None) -> int:
     a.add_argument("--out", default="autograder.zip")
     a.add_argument("--root", default=None, help="the folder holding solutions/")
     a.add_argument("--private-tests", default=None, help="a folder of private tests to ship")
-    a.add_argument("--notebooks", nargs="*", default=None, help="only these (e.g. 06 or 06_tiling)")
+    a.add_argument("--notebooks", nargs="*", default=None,
+                   help="the assignment's notebook (e.g. 06 or 06_tiling)")
     a.add_argument("--cell-timeout", type=float, default=None)
     a.add_argument("--total-timeout", type=float, default=None)
     a.set_defaults(func=_autograder)
+    pu = sub.add_parser("publish", help="stamp the repository URL into notebooks and README")
+    pu.add_argument("--repo", default=None, help="the course's repository URL (default: "
+                    "pyproject.toml's [project.urls] Repository)")
+    pu.add_argument("--branch", default=None, help="its branch (default: pyproject.toml's)")
+    pu.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 naming every file whose stamp disagrees")
+    pu.add_argument("--root", default=None, help="the course checkout (default: here)")
+    pu.set_defaults(func=_publish)
+    pk = sub.add_parser("pack", help="the offline zip: wheel + notebooks (Colab/Kaggle upload)")
+    pk.add_argument("--out", default=None, help="zip path (default: dist/convlab-course-V.zip)")
+    pk.add_argument("--deps", action="store_true",
+                    help="also every dependency's wheel, to install with the internet off")
+    pk.add_argument("--python", default=None, help="with --deps: the target Python, e.g. 312")
+    pk.add_argument("--root", default=None, help="the course checkout (default: here)")
+    pk.set_defaults(func=_pack)
     args = ap.parse_args(argv)
     return args.func(args)
 

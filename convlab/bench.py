@@ -12,16 +12,13 @@
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from . import check
+from . import check, results
 from . import reference as ref
 from .runtime import cuda, is_simulator
 
@@ -160,6 +157,9 @@ class Ladder:
     bytes: int
     baseline: str | None
     rows: list = field(default_factory=list)
+    # the implementations that could not be timed, as data: {"name", "stage", "error"}
+    # (stage: "prepare", "check" (ran but wrong, or raised) or "timing")
+    not_timed: list = field(default_factory=list)
 
     def table(self) -> str:
         head = f"{self.problem}  ({self.flops / 1e9:.2f} GFLOP, {self.bytes / 1e6:.1f} MB)"
@@ -169,43 +169,54 @@ class Ladder:
             pct = f"{r.pct_of_baseline:7.1f}%" if r.pct_of_baseline is not None else "      -"
             lines.append(f"{r.name:<24}{r.ms:9.4f}{r.tflops:9.2f}{r.gbps:8.0f} {pct}"
                          f"{r.max_rel_err:9.1e}")
+        lines += [f"{d['name']:<24} not timed ({d['stage']}): {d['error'][:120]}"
+                  for d in self.not_timed]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         return dict(problem=self.problem, flops=self.flops, bytes=self.bytes,
-                    baseline=self.baseline, rows=[asdict(r) for r in self.rows])
+                    baseline=self.baseline, rows=[asdict(r) for r in self.rows],
+                    not_timed=[dict(d) for d in self.not_timed])
 
 
 def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int = 0,
-               repeat: int = 15, precision: dict | None = None, verbose: bool = True) -> Ladder:
+               repeat: int = 15, precision: dict | None = None, verbose: bool = True,
+               clock=None) -> Ladder:
     """Check every Impl on the same random inputs, then time each; one Ladder table.
 
-    An Impl that fails the check is reported and not timed. precision maps an Impl name
-    to 'tf32' / 'fp16' for library rows that are not fp32.
+    An Impl that fails the check (or raises) is not timed: it comes back in
+    ``Ladder.not_timed`` with the stage it failed at and why. precision maps an Impl name
+    to 'tf32' / 'fp16' for library rows that are not fp32. clock: an object whose
+    ``time_gpu(fn, *args, repeat=)`` returns a `Timing` (default: `time_gpu`, CUDA events;
+    `convlab.measure.FakeClock` for dry runs under the simulator).
     """
-    require_gpu("bench_conv")
+    if clock is None:
+        require_gpu("bench_conv")
+    timer = clock.time_gpu if clock is not None else time_gpu
     precision = precision or {}
     rng = np.random.default_rng(seed)
-    x = check.random_array(problem.x_shape, rng)
-    w = check.random_array(problem.w_shape, rng)
-    x64, w64 = x.astype(np.float64), w.astype(np.float64)
-    expected = ref.conv2d_im2col(x64, w64, **problem.kwargs)
-    absref = ref.conv2d_im2col(np.abs(x64), np.abs(w64), **problem.kwargs)
-    red = ref.conv_params(x.shape, w.shape, **problem.kwargs).reduction
+    case = check.reference_case(check.random_array(problem.x_shape, rng),
+                                check.random_array(problem.w_shape, rng), op=ref.conv2d_im2col,
+                                **problem.kwargs)
+    x, w = case["inputs"]
     lad = Ladder(str(problem), problem.flops, problem.bytes, baseline)
     for impl in impls:
+        stage = "prepare"
         try:
             state = impl.prepare(x, w)
+            stage = "check"
             impl.run(state)
             cuda().synchronize()
             out = impl.fetch(state)
-            comp = check.compare(out, expected, absref, red, precision.get(impl.name, "fp32"))
+            comp = check.compare(out, case["expected"], case["absref"], case["reduction"],
+                                 precision.get(impl.name, "fp32"))
             if not comp.ok:
                 raise check.CheckError(comp.summary())
-            t = time_gpu(impl.run, state, repeat=repeat)
+            stage = "timing"
+            t = timer(impl.run, state, repeat=repeat)
         except Exception as e:  # noqa: BLE001  (one broken version must not stop the ladder)
-            if verbose:
-                print(f"  {impl.name}: NOT TIMED: {type(e).__name__}: {str(e)[:300]}")
+            lad.not_timed.append(dict(name=impl.name, stage=stage,
+                                      error=f"{type(e).__name__}: {str(e)[:300]}"))
             continue
         lad.rows.append(Row(impl.name, impl.kind, t.median_ms, t.spread,
                             t.tflops(problem.flops), t.gbps(problem.bytes), comp.max_rel))
@@ -222,119 +233,44 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
 # Ceilings and the roofline
 
 
-_KERNELS: dict = {}
-
-
-def _ceiling_kernels():
-    """A grid-stride copy and an FMA-throughput kernel, compiled once."""
-    if _KERNELS:
-        return _KERNELS
-    c = cuda()
-    from numba import float32
-
-    @c.jit
-    def copy_kernel(src, dst):
-        i = c.grid(1)
-        step = c.gridsize(1)
-        while i < src.size:
-            dst[i] = src[i]
-            i += step
-
-    @c.jit
-    def fma_chains(out, n_iter):
-        # 16 independent FMA chains per thread keep every FP32 lane busy
-        i = c.grid(1)
-        a = c.local.array(16, float32)
-        for j in range(16):
-            a[j] = float32(i) * float32(1e-9) + float32(j)
-        m, k = float32(0.9999), float32(1e-6)
-        for _ in range(n_iter):
-            for j in range(16):
-                a[j] = a[j] * m + k
-        s = float32(0.0)
-        for j in range(16):
-            s += a[j]
-        out[i] = s
-
-    _KERNELS.update(copy=copy_kernel, fma=fma_chains)
-    return _KERNELS
-
-
 def copy_bandwidth(nbytes: int = 1 << 31, repeat: int = 10) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written.
-
-    The best of the driver's memcpy and a grid-stride copy kernel.
-    """
+    """Best device-to-device copy bandwidth in GB/s (bytes read + written); see
+    `convlab.ceilings.copy_bandwidth` for every copy it tries."""
     require_gpu("copy_bandwidth")
-    c = cuda()
-    n = nbytes // 4
-    a = c.device_array(n, dtype=np.float32)
-    b = c.device_array(n, dtype=np.float32)
-    memcpy = time_gpu(lambda: b.copy_to_device(a), repeat=repeat)
-    k = _ceiling_kernels()["copy"]
-    blocks = c.get_current_device().MULTIPROCESSOR_COUNT * 8
-    kernel = time_gpu(lambda: k[blocks, 512](a, b), repeat=repeat)
-    return max(memcpy.gbps(2 * nbytes), kernel.gbps(2 * nbytes))
+    from . import ceilings
+
+    return ceilings.copy_bandwidth(nbytes, repeat)["gbps"]
 
 
-def fma_peak(repeat: int = 5) -> float:
-    """Plain fp32 FMA throughput in TFLOP/s from a kernel of independent FMA chains."""
+def fma_peak(repeat: int = 7) -> float:
+    """Measured fp32 FMA TFLOP/s (`convlab.ceilings.fma_peak`: a CUDA C kernel of independent
+    FMA chains, within a few % of `convlab.ceilings.theoretical_peak`)."""
     require_gpu("fma_peak")
-    c = cuda()
-    k = _ceiling_kernels()["fma"]
-    sms = c.get_current_device().MULTIPROCESSOR_COUNT
-    blocks, threads, n_iter = sms * 8, 256, 2048
-    out = c.device_array(blocks * threads, dtype=np.float32)
-    t = time_gpu(lambda: k[blocks, threads](out, n_iter), repeat=repeat)
-    return t.tflops(blocks * threads * n_iter * 16 * 2)
+    from . import ceilings
+
+    return ceilings.fma_peak(repeat)["tflops"]
 
 
 def measure_ceilings() -> dict:
-    """This device's roofline ceilings: copy GB/s and fp32 FMA TFLOP/s, measured now."""
-    c = cuda()
-    dev = c.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-    return dict(device=name, copy_gbps=copy_bandwidth(), fma_tflops=fma_peak())
+    """This device's measured and theoretical ceilings (`convlab.ceilings.measure_ceilings`)."""
+    from . import ceilings
+
+    return ceilings.measure_ceilings()
 
 
 def roofline(points: list, bandwidth_gbps: float, peak_tflops: float, ax=None,
              title: str = "roofline"):
-    """Draw the roofline and points [(label, FLOP/byte, TFLOP/s), ...]; returns the axes."""
-    import matplotlib.pyplot as plt
+    """The roofline in TFLOP/s under the fp32 FMA peak, points [(label, FLOP/byte,
+    TFLOP/s), ...] (`convlab.viz.roofline`); returns the axes."""
+    from . import viz
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.5, 4.2))
-    ridge = peak_tflops * 1e12 / (bandwidth_gbps * 1e9)
-    xs = [p[1] for p in points] + [ridge]
-    lo, hi = min(xs + [0.5]) / 4, max(xs + [ridge]) * 8
-    grid = np.logspace(math.log10(lo), math.log10(hi), 200)
-    roof = np.minimum(peak_tflops, grid * bandwidth_gbps / 1e3)
-    ax.loglog(grid, roof, "k-", lw=2)
-    ax.annotate(f"memory: {bandwidth_gbps / 1e3:.2f} TB/s", (lo * 1.3, lo * 1.3 * bandwidth_gbps
-                                                            / 1e3 * 1.25), fontsize=8,
-                rotation=28)
-    ax.axhline(peak_tflops, color="k", lw=0.5, ls=":")
-    ax.annotate(f"fp32 FMA peak: {peak_tflops:.1f} TFLOP/s", (ridge * 1.2, peak_tflops * 1.08),
-                fontsize=8)
-    for label, ai, tf in points:
-        ax.plot(ai, tf, "o")
-        ax.annotate(label, (ai, tf), textcoords="offset points", xytext=(5, -10), fontsize=8)
-    ax.set_xlabel("arithmetic intensity (FLOP / byte of compulsory traffic)")
-    ax.set_ylabel("TFLOP/s")
-    ax.set_title(title)
-    return ax
+    return viz.roofline(points, bandwidth_gbps, peak_tflops, "fp32 FMA peak", title, ax,
+                        unit="TFLOP/s")
 
 
 # ----------------------------------------------------------------------------------------
 # Stored results from a real GPU, for learners without one
 
-RESULTS_DIR = Path(__file__).parent / "results"
-
-
 def stored_results(name: str = "h200") -> dict:
-    """The committed measurements from a real GPU (see convlab/results/)."""
-    path = RESULTS_DIR / f"{name}.json"
-    if not path.exists():
-        raise FileNotFoundError(f"no stored results {path.name}; known: "
-                                f"{sorted(p.stem for p in RESULTS_DIR.glob('*.json'))}")
-    return json.loads(path.read_text())
+    """The committed measurements from a real GPU (`convlab.results.load`)."""
+    return results.load(name)

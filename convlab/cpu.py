@@ -39,7 +39,7 @@ import numba  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from . import reference as ref  # noqa: E402
-from .kernels._launch import Unsupported  # noqa: E402
+from .errors import Unsupported  # noqa: E402
 
 KBLOCK = 4  # filters per task in conv2d_blocked (the unrolled register block)
 

@@ -15,12 +15,13 @@ shows the stored H200 results instead (`print_results`).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import io
 import json
+import math
 import platform
 from pathlib import Path
+
+import numpy as np
 
 from . import bench, problems
 from .runtime import cuda
@@ -42,49 +43,95 @@ def ladder_impls(problem, kernels: dict | None = None, libraries: bool = True) -
     return impls
 
 
+VERSIONED = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "torch", "scipy",
+             "pillow")
+
+
 def environment() -> dict:
-    """Device, versions and date for a results file."""
+    """Device, compute capability, versions and date for a results file (the simulator
+    says so: its "device" has no name)."""
     import importlib.metadata as md
 
-    c = cuda()
-    dev = c.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+    from .runtime import is_simulator
+
     versions = {}
-    for dist in ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x", "torch"):
+    for dist in VERSIONED:
         try:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:
             pass
+    env = dict(date=_dt.date.today().isoformat(), python=platform.python_version(),
+               versions=versions)
+    if is_simulator():
+        return dict(device="simulator", compute_capability="sim", **env)
+    dev = cuda().get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
     return dict(device=name, compute_capability=".".join(map(str, dev.compute_capability)),
-                date=_dt.date.today().isoformat(), python=platform.python_version(),
-                versions=versions)
+                **env)
+
+
+def library_facts(prob) -> dict:
+    """What cuDNN ran on this layer (its kernels and algorithm) and the time of cuBLAS on
+    the same GEMM shape (N*P*Q x C*R*S times C*R*S x K), fp32 with TF32 off."""
+    from . import baselines, check
+
+    out = {}
+    try:
+        rng = np.random.default_rng(0)
+        x, w = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
+        out["cudnn_fp32"] = baselines.cudnn_algorithm(baselines.cudnn_conv_impl(prob, "fp32"),
+                                                      x, w)
+        g = baselines.same_shape_gemm_impl(prob)
+        state = g.prepare(x, w)
+        t = bench.time_gpu(g.run, state, repeat=15)
+        out["same_gemm"] = dict(name=g.name, ms=t.median_ms, tflops=t.tflops(prob.flops))
+    except Exception as e:  # noqa: BLE001  (no PyTorch: the ladder still stands)
+        out["library_facts_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def add_peak_columns(lad: dict, ceilings: dict) -> None:
+    """Per row: % of the measured fp32 peak and % of cuBLAS on the same GEMM shape."""
+    peak = ceilings.get("fma_tflops")
+    gemm_ms = (lad.get("same_gemm") or {}).get("ms")
+    for r in lad["rows"]:
+        r["pct_peak"] = 100 * r["tflops"] / peak if peak else None
+        r["pct_same_gemm"] = 100 * gemm_ms / r["ms"] if gemm_ms and r.get("ms") else None
 
 
 def run_ladder(layers=problems.RESNET, out_dir=None, repeat: int = 15, kernels=None,
-               gemm: bool = True, batches=(32, 64, 128), sweep_kernels=None) -> dict:
+               gemm: bool = True, batches=(32, 64, 128), sweep_kernels=None, clock=None,
+               gemm_kernels=None, gemm_n: int | None = None) -> dict:
     """Check and time the ladder on each named layer, the GEMM ladder and the batch sweep;
-    print the tables; optionally save JSON + pictures in out_dir."""
+    print the tables; optionally save JSON + pictures in out_dir.
+
+    Rows that could not be timed come back in each ladder's "not_timed" (name, stage,
+    error). clock: where the times come from (`convlab.measure.GpuClock` by default;
+    `FakeClock` for a dry run under the simulator).
+    """
     result = environment()
-    result["ceilings"] = bench.measure_ceilings()
+    result["ceilings"] = clock.ceilings() if clock is not None else bench.measure_ceilings()
     print(f"{result['device']}: copy {result['ceilings']['copy_gbps']:.0f} GB/s, fp32 FMA "
           f"{result['ceilings']['fma_tflops']:.1f} TFLOP/s")
     ladders = []
     for name in layers:
         prob = problems.conv_layer(name)
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):  # keep the reasons of rows not timed
-            lad = bench.bench_conv(ladder_impls(prob, kernels), prob, baseline="cuDNN fp32",
-                                   repeat=repeat, precision={"cuDNN tf32": "tf32",
-                                                             "cuDNN fp16": "fp16"})
+        lad = bench.bench_conv(ladder_impls(prob, kernels), prob, baseline="cuDNN fp32",
+                               repeat=repeat, precision={"cuDNN tf32": "tf32",
+                                                         "cuDNN fp16": "fp16"},
+                               verbose=False, clock=clock)
         d = lad.to_dict()
-        d["not_timed"] = [ln.strip() for ln in buf.getvalue().splitlines() if "NOT TIMED" in ln]
+        if clock is None:
+            d.update(library_facts(prob))
+        add_peak_columns(d, result["ceilings"])
         ladders.append(d)
     result["ladders"] = ladders
     add_roofline_pct(result)
     if gemm:
-        result["gemm_ladder"] = run_gemm_ladder(repeat=max(5, repeat // 2))
+        result["gemm_ladder"] = run_gemm_ladder(gemm_n, gemm_kernels, repeat=max(5, repeat // 2),
+                                                clock=clock)
     if batches:
-        result["batch_sweep"] = run_batch_sweep(layers, batches, sweep_kernels)
+        result["batch_sweep"] = run_batch_sweep(layers, batches, sweep_kernels, clock=clock)
     print_results(result)
     if out_dir:
         save_results(result, out_dir)
@@ -140,6 +187,24 @@ def add_roofline_pct(result: dict) -> None:
             r["pct_roofline"] = 100 * r["tflops"] / bound
 
 
+def summary(result: dict) -> dict:
+    """The headline numbers of a run: % of cuDNN fp32 of the two fastest conv families on
+    every layer (with geometric mean and minimum), and the best Numba GEMM's % of cuBLAS."""
+    out = {}
+    for fam in ("implicit_gemm_tuned", "implicit_gemm_cuda"):
+        pct = [r["pct_of_baseline"] for lad in result.get("ladders", []) for r in lad["rows"]
+               if r["name"] == fam and r.get("pct_of_baseline")]
+        if pct and len(pct) == len(result["ladders"]):
+            out[fam] = dict(pct_cudnn=pct, geomean=math.prod(pct) ** (1 / len(pct)),
+                            min=min(pct))
+    rows = [r for r in result.get("gemm_ladder", {}).get("rows", []) if r["name"] != "cuBLAS"]
+    best = max(rows, key=lambda r: r["tflops"], default=None)
+    if best is not None:
+        out["gemm_best_numba"] = dict(name=best["name"], pct_cublas=best.get("pct_cublas"),
+                                      tflops=best["tflops"])
+    return out
+
+
 def ladder_table(lad: dict) -> str:
     """One layer: version, ms, TFLOP/s, % of cuDNN fp32, % of roofline, max rel error."""
     head = f"{lad['problem']}  ({lad['flops'] / 1e9:.2f} GFLOP)"
@@ -159,7 +224,9 @@ def print_results(result: dict) -> None:
     """All tables of a run (fresh or stored)."""
     for lad in result.get("ladders", []):
         print(ladder_table(lad))
-        for line in lad.get("not_timed", []):
+        for d in lad.get("not_timed", []):
+            line = d if isinstance(d, str) else f"{d['name']}: not timed ({d['stage']}): " \
+                                                f"{d['error']}"
             print("  " + line[:160])
         print()
     g = result.get("gemm_ladder")
@@ -195,8 +262,12 @@ def print_results(result: dict) -> None:
 
 
 def run_gemm_ladder(n: int | None = None, kernels: dict | None = None, repeat: int = 8,
-                    seed: int = 0) -> dict:
-    """Every GEMM of the ladder on n x n x n (4096 on a GPU) against cuBLAS, checked first."""
+                    seed: int = 0, clock=None) -> dict:
+    """Every GEMM of the ladder on n x n x n (4096 on a GPU) against cuBLAS, checked first.
+
+    A kernel that fails its check (or raises) is not timed: its reason is in "errors".
+    """
+    timer = clock.time_gpu if clock is not None else bench.time_gpu
     import numpy as np
 
     from . import baselines, check
@@ -219,7 +290,7 @@ def run_gemm_ladder(n: int | None = None, kernels: dict | None = None, repeat: i
             comp = check.compare(out.copy_to_host(), expected, absref, n)
             if not comp.ok:
                 raise check.CheckError(comp.summary())
-            t = bench.time_gpu(fn, ad, bd, out, repeat=repeat, warmup=1)
+            t = timer(fn, ad, bd, out, repeat=repeat, warmup=1)
             rows.append(dict(name=name, ms=t.median_ms, spread=t.spread,
                              tflops=t.tflops(flops), max_rel_err=comp.max_rel))
         except Exception as e:  # noqa: BLE001  (one broken version must not stop the ladder)
@@ -231,7 +302,7 @@ def run_gemm_ladder(n: int | None = None, kernels: dict | None = None, repeat: i
         cc = cp.empty_like(ac)
         cp.matmul(ac, bc, out=cc)
         comp = check.compare(cp.asnumpy(cc), expected, absref, n)
-        t = bench.time_gpu(lambda: cp.matmul(ac, bc, out=cc), repeat=repeat)
+        t = timer(lambda: cp.matmul(ac, bc, out=cc), repeat=repeat)
         rows.append(dict(name="cuBLAS", ms=t.median_ms, spread=t.spread, tflops=t.tflops(flops),
                          max_rel_err=comp.max_rel))
     base = next((r for r in rows if r["name"] == "cuBLAS"), None)
@@ -264,8 +335,9 @@ def sweep_kernels() -> dict:
 
 
 def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
-                    repeat: int = 10, seed: int = 1) -> dict:
+                    repeat: int = 10, seed: int = 1, clock=None) -> dict:
     """Time `kernels` and cuDNN fp32 on each layer at each batch size (checked first)."""
+    timer = clock.time_gpu if clock is not None else bench.time_gpu
     import numpy as np
 
     from . import baselines, check
@@ -288,7 +360,7 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                 impl = baselines.cudnn_conv_impl(prob, "fp32")
                 st = impl.prepare(x, w)
                 impl.run(st)
-                timings["cuDNN fp32"] = bench.time_gpu(impl.run, st, repeat=repeat).median_ms
+                timings["cuDNN fp32"] = timer(impl.run, st, repeat=repeat).median_ms
             xd, wd = c.to_device(x), c.to_device(w)
             for kname, fn in impls.items():
                 try:
@@ -299,8 +371,8 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                                          prob.C * prob.R * prob.S)
                     if not comp.ok:
                         raise check.CheckError(comp.summary())
-                    timings[kname] = bench.time_gpu(fn, xd, wd, out, repeat=repeat,
-                                                    **prob.kwargs).median_ms
+                    timings[kname] = timer(fn, xd, wd, out, repeat=repeat,
+                                           **prob.kwargs).median_ms
                 except Exception as e:  # noqa: BLE001
                     row["errors"][kname] = f"{type(e).__name__}: {e}"[:300]
             base = timings.get("cuDNN fp32")

@@ -209,10 +209,10 @@ class GpuStage:
         self.d_x = c.device_array((batch, 3, side, side), np.float32)
         self.d_y = c.device_array((batch, k, self.P, self.P), np.float32)
         self.d_mean, self.d_std = c.to_device(MEAN), c.to_device(STD)
-        self._conv = conv02_coalesced.conv2d_coalesced_kernel
+        self._conv = conv02_coalesced.make_kernel(STEM["R"], STEM["R"])
         # the simulator pays per thread, idle or not: small blocks there
         sim = is_simulator()
-        self._block = (8, 4) if sim else conv02_coalesced.BLOCK
+        self._block = 32 if sim else conv02_coalesced.THREADS
         self._u8_block = (8, 4) if sim else (32, 8)
         self.pool_threads = 8 if sim else 128
 
@@ -227,10 +227,12 @@ class GpuStage:
         ux, uy = self._u8_block
         k["u8_to_nchw"][(math.ceil(S / ux), math.ceil(S / uy), B), self._u8_block, stream](
             d_u8, self.d_x, self.d_mean, self.d_std)
-        bx, by = self._block
-        st, pad = STEM["stride"], STEM["padding"]
-        self._conv[(math.ceil(self.P / bx), math.ceil(self.P / by), B * self.k), self._block,
-                   stream](self.d_x, self.d_w, self.d_y, st, st, pad, pad, 1, 1)
+        st, pad, i32 = STEM["stride"], STEM["padding"], np.int32
+        C, P, bt = self.d_x.shape[1], self.P, self._block
+        args = [i32(v) for v in (C, S, S, self.k, P, P, st, st, pad, pad, 1, 1)]
+        self._conv[(math.ceil(P * P / bt), self.k, B), bt, stream](
+            self.d_x.reshape(self.d_x.size), self.d_w.reshape(self.d_w.size),
+            self.d_y.reshape(self.d_y.size), *args)
         k["relu_mean"][B * self.k, self.pool_threads, stream](self.d_y, d_feat)
 
 
@@ -491,8 +493,8 @@ def copy_compute_overlap(nbytes: int = 64 << 20, spin_ms: float = 5.0) -> dict:
     """GPU time of a host->device copy and a kernel: in one stream, in two streams from
     pinned memory, in two streams from pageable memory (CUDA events; ms)."""
     from .bench import require_gpu
-    from .measure import _kernels as measure_kernels
-    from .measure import _spin_ns_per_iter
+    from .measure.timing import _kernels as measure_kernels
+    from .measure.timing import _spin_ns_per_iter
 
     require_gpu("copy_compute_overlap")
     c = cuda()
@@ -549,7 +551,7 @@ def copy_compute_overlap(nbytes: int = 64 << 20, spin_ms: float = 5.0) -> dict:
 
 def pinned_vs_pageable(sizes=(1 << 20, 16 << 20, 256 << 20), repeat: int = 5) -> list:
     """Host->device and device->host GB/s, pageable vs pinned (lesson 04's measurement)."""
-    from .measure import transfer_table
+    from .measure.timing import transfer_table
 
     return transfer_table(sizes, repeat=repeat)
 

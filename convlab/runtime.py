@@ -283,6 +283,201 @@ def run_smoke() -> None:
         raise RuntimeError("smoke kernel returned a wrong answer")
 
 
+# ----------------------------------------------------------------------------------------
+# Known breakages of hosted runtimes (Colab, Kaggle): each check is a pure function of the
+# versions and the driver, so it can be tested without those machines.
+
+COURSE_DIST = "convlab-course"  # the distribution; the import name is convlab
+_CUDA_WHEELS = ("cuda-bindings", "cuda-toolkit", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc",
+                "nvidia-nvjitlink-cu12", "nvidia-nvjitlink", "cupy-cuda12x", "cupy-cuda13x")
+
+
+def course_repository() -> str:
+    """The course's repository URL from the installed metadata ('' when unknown)."""
+    try:
+        urls = md.metadata(COURSE_DIST).get_all("Project-URL") or []
+    except md.PackageNotFoundError:
+        return ""
+    for entry in urls:
+        name, _, url = entry.partition(",")
+        if name.strip().lower() == "repository":
+            return url.strip()
+    return ""
+
+
+def _install_hint() -> str:
+    repo = course_repository()
+    return (f'pip install --force-reinstall --no-deps "{COURSE_DIST} @ git+{repo}"' if repo
+            else "reinstall this course (make lab, or pip install -e . in its checkout)")
+
+
+def convlab_problems(summary_of_convlab_dist: str | None, other_packages=()) -> list:
+    """A distribution named ``convlab`` (ConvLab-3, or this course under its old name), and
+    other folders named convlab on sys.path that are not this course.
+
+    summary_of_convlab_dist: the Summary of the installed ``convlab`` distribution, or None.
+    """
+    out = []
+    s = summary_of_convlab_dist
+    if s is not None and "convolution" in s.lower():
+        out.append(Problem(
+            "this course is also installed under its old distribution name 'convlab'",
+            f"pip uninstall -y convlab, then {_install_hint()}", fatal=False))
+    elif s is not None:
+        out.append(Problem(
+            "ConvLab-3 (a dialog-system toolkit; PyPI's 'convlab') is installed: it uses the "
+            "import name convlab too, so its files and this course's share one folder and "
+            "uninstalling either breaks the other",
+            f"pip uninstall -y convlab, then {_install_hint()}"))
+    for path in other_packages:
+        out.append(Problem(
+            f"another package named convlab is on the path ({path}): where it comes first "
+            "(another folder, another kernel) `import convlab` is not this course",
+            f"remove it, or pip uninstall -y convlab; this course is {COURSE_DIST}",
+            fatal=False))
+    return out
+
+
+def _other_convlab_folders() -> list:
+    """Folders named convlab on sys.path other than this package (ConvLab-3's, a copy)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    seen, out = {os.path.realpath(here)}, []
+    for entry in sys.path:
+        cand = os.path.join(entry or os.getcwd(), "convlab")
+        if os.path.isfile(os.path.join(cand, "__init__.py")):
+            real = os.path.realpath(cand)
+            if real not in seen:
+                seen.add(real)
+                if not os.path.isfile(os.path.join(cand, "kernels", "conv01_naive.py")):
+                    out.append(cand)
+    return out
+
+
+def version_problems(v: dict) -> list:
+    """NumPy / numba / numba-cuda versions a hosted runtime preinstalls that do not fit.
+
+    v: {distribution: version or None} for numpy, numba, numba-cuda.
+    """
+    out = []
+    np_v, numba_v = _vtuple(v.get("numpy")), v.get("numba")
+    if v.get("numpy") and np_v < (1, 24):
+        out.append(Problem(f"NumPy {v['numpy']} is older than the course needs (1.24)",
+                           'pip install "numpy>=1.24,<2.5", then restart the kernel'))
+    if numba_v and _vtuple(numba_v) < (0, 60):
+        out.append(Problem(
+            f"numba {numba_v} is older than numba-cuda 0.30.4 needs (0.60)",
+            'pip install "numba>=0.60" "numba-cuda==0.30.4", then restart the kernel'))
+    return out
+
+
+def stale_module_problems(loaded: dict, installed: dict) -> list:
+    """Modules imported before pip changed them: the kernel runs the old version.
+
+    loaded: {distribution: version imported in this process}; installed: on disk.
+    """
+    out = []
+    for dist, old in loaded.items():
+        new = installed.get(dist)
+        if old and new and _vtuple(old) != _vtuple(new):
+            out.append(Problem(
+                f"{dist} {old} is imported in this kernel, but {new} is installed (pip changed "
+                "it after the import)",
+                "restart the kernel (Colab: Runtime > Restart session; Kaggle: Run > Restart "
+                "& clear cell outputs), then run the notebook from the top"))
+    return out
+
+
+def _cuda_major(v: dict) -> int | None:
+    """The CUDA major version of the installed CUDA wheels (12, 13), None without any."""
+    majors = set()
+    for dist in ("cuda-bindings", "cuda-toolkit"):
+        if v.get(dist):
+            majors.add(_vtuple(v[dist])[0])
+    if v.get("cupy-cuda13x"):
+        majors.add(13)
+    if v.get("cupy-cuda12x"):
+        majors.add(12)
+    return max(majors) if majors else None
+
+
+def driver_problems(driver: str | None, v: dict) -> list:
+    """CUDA 12 vs 13: the driver's CUDA version against the installed CUDA wheels, and a
+    toolkit newer than the driver without nvJitLink (CUDA_ERROR_UNSUPPORTED_PTX_VERSION).
+
+    driver: "12.4" (what libcuda reports) or None; v: {distribution: version or None}.
+    """
+    if not driver:
+        return []
+    out = []
+    drv = _vtuple(driver)[:2]
+    cu12 = '"numba-cuda[cu12]==0.30.4" "cuda-bindings<13"'
+    if drv[0] < 13 and v.get("cuda-bindings") and _vtuple(v["cuda-bindings"])[0] >= 13:
+        out.append(Problem(
+            f"the driver supports CUDA {driver}, but cuda-bindings {v['cuda-bindings']} is "
+            "for CUDA 13: numba-cuda cannot talk to this driver",
+            f"pip install {cu12}, then restart the kernel"))
+    if drv[0] < 13 and v.get("cupy-cuda13x"):
+        out.append(Problem(
+            f"the driver supports CUDA {driver}, but CuPy is built for CUDA 13 (cupy-cuda13x)",
+            "pip uninstall -y cupy-cuda13x && pip install cupy-cuda12x", fatal=False))
+    nvvm = v.get("nvidia-cuda-nvcc-cu12") or v.get("nvidia-cuda-nvcc")
+    jitlink = v.get("nvidia-nvjitlink-cu12") or v.get("nvidia-nvjitlink")
+    if nvvm and _vtuple(nvvm)[:2] > drv and _vtuple(nvvm)[0] == drv[0] and not jitlink:
+        out.append(Problem(
+            f"NVVM {'.'.join(map(str, _vtuple(nvvm)[:2]))} writes PTX newer than the CUDA "
+            f"{driver} driver loads (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), and nvJitLink, "
+            "which would link it for this driver, is missing",
+            'pip install "numba-cuda[cu12]==0.30.4" (brings nvJitLink), then restart'))
+    return out
+
+
+def device_problems(cc: tuple, v: dict) -> list:
+    """Compute capability: the Kaggle P100 (6.0) and T4 (7.5), and CUDA 13's 7.5 floor."""
+    out = []
+    name = f"{cc[0]}.{cc[1]}"
+    if cc < (7, 5) and _cuda_major(v) == 13:
+        out.append(Problem(
+            f"compute capability {name} is not supported by CUDA 13 builds",
+            'use CUDA 12 wheels: pip install "numba-cuda[cu12]==0.30.4" "cuda-bindings<13" '
+            "cupy-cuda12x, then restart the kernel"))
+    if cc < (5, 0):
+        out.append(Problem(f"compute capability {name} is older than CUDA 12 supports (5.0)",
+                           "use a newer GPU (Colab: T4/L4/A100; Kaggle: T4 or P100)"))
+    elif cc < (7, 0):
+        out.append(Problem(
+            f"compute capability {name} (e.g. Kaggle's P100) has no tensor cores: lesson 12's "
+            "tensor-core rows and the WMMA kernel are skipped; everything else runs",
+            "for lesson 12 pick a T4 or newer (Kaggle: Accelerator > GPU T4 x2)", fatal=False))
+    elif cc < (8, 0):
+        out.append(Problem(
+            f"compute capability {name} (e.g. the T4) has FP16 tensor cores but no BF16 or "
+            "TF32 (those need 8.0): lesson 12 skips them",
+            "for BF16/TF32 pick an L4 or A100 (Colab)", fatal=False))
+    return out
+
+
+def _loaded_versions() -> dict:
+    out = {}
+    for dist, mod in (("numpy", "numpy"), ("numba", "numba"), ("numba-cuda", "numba_cuda")):
+        m = sys.modules.get(mod)
+        v = getattr(m, "__version__", None) if m else None
+        if isinstance(v, str):
+            out[dist] = v
+    return out
+
+
+def hosted_problems(drv: dict) -> list:
+    """Every check above, on this machine (doctor calls it)."""
+    v = {d: _version(d) for d in ("numpy", "numba", "numba-cuda", *_CUDA_WHEELS)}
+    try:
+        summary = md.metadata("convlab").get("Summary", "") or ""
+    except md.PackageNotFoundError:
+        summary = None
+    return (convlab_problems(summary, _other_convlab_folders()) + version_problems(v)
+            + stale_module_problems(_loaded_versions(), v)
+            + driver_problems(drv.get("driver"), v))
+
+
 def diagnose() -> Report:
     """Collect the facts and problems `doctor()` prints."""
     rep = Report()
@@ -313,6 +508,7 @@ def diagnose() -> Report:
     drv = driver_info()
     rows.append(("NVIDIA driver", drv["driver"] or f"none ({drv['error']})"))
     rows.append(("GPUs (driver)", str(drv["gpus"])))
+    problems.extend(hosted_problems(drv))
     forced_sim = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and _state["mode"] != "sim"
     if forced_sim and drv["gpus"] > 0:
         problems.append(Problem("NUMBA_ENABLE_CUDASIM=1 is set although a GPU is present",
@@ -336,7 +532,19 @@ def diagnose() -> Report:
         return rep
     rows.append(("mode", "Numba CUDA simulator (no timings)" if current == "sim" else "real GPU"))
     rows.extend(("compat fix", f) for f in _state["fixes"])
-    cuda_ = cuda()
+    try:
+        cuda_ = cuda()
+    except Exception as e:  # noqa: BLE001  (numba refuses this NumPy, a broken install)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        problems.append(Problem(
+            f"numba {numba_v} cannot be imported with NumPy {np_v}: {msg}",
+            'pip install "numpy>=1.24,<2.5" "numba>=0.60" "numba-cuda==0.30.4", then restart '
+            "the kernel"))
+        return rep
+    if "numba_cuda" not in (getattr(cuda_, "__file__", "") or ""):
+        problems.append(Problem(
+            "numba's own (deprecated) CUDA target is in use, not numba-cuda",
+            'pip install "numba-cuda==0.30.4", then restart the kernel', fatal=False))
     if current == "gpu":
         try:
             dev = cuda_.get_current_device()
@@ -348,10 +556,7 @@ def diagnose() -> Report:
             rows.append(("GPU memory", f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} free)"))
             rt = cuda_.runtime.get_version()
             rows.append(("CUDA runtime (numba)", f"{rt[0]}.{rt[1]}"))
-            if cc < (7, 5) and _vtuple(_version("cuda-bindings") or "0")[0] >= 13:
-                problems.append(Problem(
-                    f"compute capability {cc[0]}.{cc[1]} is not supported by CUDA 13 builds",
-                    'use CUDA 12 wheels: pip install "numba-cuda[cu12]==0.30.4" cupy-cuda12x'))
+            problems.extend(device_problems(tuple(cc), {d: _version(d) for d in _CUDA_WHEELS}))
         except Exception as e:  # noqa: BLE001  (doctor reports, never crashes)
             problems.append(Problem(
                 f"cannot open the GPU: {e}",
@@ -372,13 +577,22 @@ def diagnose() -> Report:
     return rep
 
 
-def doctor(file=None) -> Report:
-    """Print platform, driver, CUDA, compute capability, versions and problems with fixes."""
+SHORT_ROWS = ("platform", "mode", "device", "compute capability", "smoke kernel")
+
+
+def doctor(file=None, short: bool = False) -> Report:
+    """Print platform, driver, CUDA, compute capability, versions and problems with fixes.
+
+    short=True prints only the platform, mode, device and smoke-kernel rows (the install
+    cell's summary); problems and the verdict always.
+    """
     file = file or sys.stdout
     rep = diagnose()
-    width = max(len(k) for k, _ in rep.rows)
-    print("convlab doctor", file=file)
-    for k, v in rep.rows:
+    rows = [(k, v) for k, v in rep.rows if k in SHORT_ROWS] if short else rep.rows
+    width = max(len(k) for k, _ in rows) if rows else 0
+    print("convlab doctor" + (" (short; convlab.doctor() shows everything)" if short else ""),
+          file=file)
+    for k, v in rows:
         print(f"  {k:<{width}}  {v}", file=file)
     if rep.problems:
         print("", file=file)

@@ -8,6 +8,10 @@ functions here when a picture is used by more than one notebook.
 - convolution geometry: `draw_conv_window`, `draw_nchw`, `draw_im2col`
 - access patterns: `loop_addresses`, `draw_loop_order`, `draw_blocking`, `draw_flat_tile`
 - measurements: `plot_timings`, `plot_thread_sweep`, `plot_batch_crossover`, `roofline`
+  (one plotter, one or several compute roofs)
+- precisions and tensor cores: `plot_formats`, `plot_accuracy_speed`, `plot_mma_shapes`,
+  `plot_fragment_owners` (`mma_m16n8_owner`), `plot_wmma_tiling`
+- the capstone: `plot_capstone_roofline`, `plot_capstone_ladder`, `plot_census`
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import reference as ref
+from .formats import FORMATS
 
 # One colour per input channel / filter, shared by all pictures.
 CHANNEL_COLORS = ["#8ecae6", "#ffb703", "#b5e48c", "#f4a3c0", "#cdb4db", "#f9c74f"]
@@ -469,25 +474,51 @@ def plot_batch_crossover(batches, series: dict, title="time per image vs batch s
     return fig
 
 
-def roofline(points, bandwidth_gbps: float, peak_gflops: float, peak_label="fp32 peak",
-             title="roofline", ax=None):
-    """`convlab.bench.roofline` in GFLOP/s, with the compute ceiling named `peak_label`.
+def roofline(points, bandwidth_gbps: float, peak, peak_label: str = "fp32 peak",
+             title: str = "roofline", ax=None, unit: str = "GFLOP/s"):
+    """The roofline: a memory slope (`bandwidth_gbps`, GB/s) under one or several compute
+    roofs, and the measured points. Returns the axes.
 
-    points: [(label, FLOP per byte, GFLOP/s), ...]. Returns the axes.
+    peak: one compute ceiling (named `peak_label`) or a dict {label: ceiling} of several
+    (fp32 CUDA cores, fp16 tensor cores...), in `unit` ('GFLOP/s' or 'TFLOP/s').
+    points: ``(label, FLOP per byte, performance)`` tuples, each annotated, or dicts with
+    keys ``ai``, ``tflops`` / ``gflops`` (per `unit`) and ``family``, drawn one marker
+    and one legend entry per family.
     """
-    from . import bench
-
-    ax = bench.roofline([(lab, ai, g / 1e3) for lab, ai, g in points], bandwidth_gbps,
-                        peak_gflops / 1e3, ax=ax, title=title)
-    from matplotlib.ticker import FuncFormatter
-
-    for t in ax.texts:
-        if t.get_text().startswith("fp32 FMA peak"):
-            t.set_text(f"{peak_label}: {peak_gflops:.4g} GFLOP/s")
-        elif t.get_text().startswith("memory:"):
-            t.set_text(f"memory: {bandwidth_gbps:.4g} GB/s")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:g}"))
-    ax.set_ylabel("GFLOP/s")
+    plt = _plt()
+    scale = {"GFLOP/s": 1.0, "TFLOP/s": 1e-3}[unit]  # GB/s x FLOP/byte -> unit
+    roofs = dict(peak) if isinstance(peak, dict) else {peak_label: peak}
+    roofs = {k: v for k, v in roofs.items() if v}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4.2) if len(roofs) == 1 else (9, 5))
+    ridges = [p / (bandwidth_gbps * scale) for p in roofs.values()]
+    ais = [p["ai"] if isinstance(p, dict) else p[1] for p in points]
+    lo, hi = min(ais + ridges + [0.5]) / 4, max(ais + ridges) * 8
+    grid = np.logspace(np.log10(lo), np.log10(hi), 200)
+    for (label, top), ridge, ls in zip(roofs.items(), ridges, ("-", "--", ":", "-."),
+                                       strict=False):
+        ax.loglog(grid, np.minimum(top, grid * bandwidth_gbps * scale), "k", ls=ls, lw=2)
+        ax.annotate(f"{label}: {top:.4g} {unit}", (ridge * 1.2, top * 1.08), fontsize=8)
+    ax.annotate(f"memory: {bandwidth_gbps:.4g} GB/s",
+                (lo * 1.3, lo * 1.3 * bandwidth_gbps * scale * 1.25), fontsize=8, rotation=28)
+    key = "tflops" if unit == "TFLOP/s" else "gflops"
+    fams = list(dict.fromkeys(p["family"] for p in points if isinstance(p, dict)))
+    for i, fam in enumerate(fams):
+        ps = [p for p in points if isinstance(p, dict) and p["family"] == fam]
+        ax.plot([p["ai"] for p in ps], [p[key] for p in ps], "osD^vP*X"[i % 8], ms=6,
+                color=plt.cm.tab10.colors[i % 10], alpha=0.85, label=fam, ls="")
+    for p in points:
+        if not isinstance(p, dict):
+            label, ai, perf = p
+            ax.plot(ai, perf, "o")
+            ax.annotate(label, (ai, perf), textcoords="offset points", xytext=(5, -10),
+                        fontsize=8)
+    if fams:
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3, which="both")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte of compulsory traffic)")
+    ax.set_ylabel(unit)
+    ax.set_title(title, fontsize=10)
     return ax
 
 
@@ -1045,5 +1076,234 @@ def draw_vector_reads(per_thread=8):
         ax.set_ylim(rows + 0.2, -1.0)
     fig.suptitle("one row = 32 banks of 4 bytes; colour: the thread that reads the word",
                  fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------------------------------
+# Precisions and tensor cores (lesson 12), the capstone's charts (lesson 13)
+
+
+def plot_accuracy_speed(rows: list, title: str = "accuracy vs speed"):
+    """Speed-up over fp32 (x) against relative L2 error (y, log): one point per version."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for r in rows:
+        sp = r.get("speedup_vs_fp32") or 1.0
+        ax.plot(sp, max(r["rel_l2"], 1e-9), "o", ms=7)
+        ax.annotate(r["name"], (sp, max(r["rel_l2"], 1e-9)), textcoords="offset points",
+                    xytext=(6, 3), fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("speed-up over fp32 (TF32 off), same run")
+    ax.set_ylabel("relative L2 error vs float64")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_formats(fmts=("fp32", "tf32", "bf16", "fp16", "fp8 e4m3")):
+    """The bit layouts of the formats, drawn to scale: sign, exponent, mantissa."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(fmts) + 0.6))
+    colors = {"sign": "#f4a3c0", "exponent": "#8ecae6", "mantissa": "#b5e48c"}
+    for row, name in enumerate(fmts):
+        f = FORMATS[name]
+        y = len(fmts) - 1 - row
+        x = 0
+        for part, n in (("sign", 1), ("exponent", f.exponent), ("mantissa", f.mantissa)):
+            for _ in range(n):
+                ax.add_patch(Rectangle((x, y + 0.1), 0.95, 0.8, fc=colors[part], ec="0.4",
+                                       lw=0.5))
+                x += 1
+        ax.text(-0.6, y + 0.5, name, ha="right", va="center", fontsize=9)
+        ax.text(x + 0.6, y + 0.5, f"{f.bits} bits: {f.exponent} exponent, {f.mantissa} "
+                f"mantissa; max {f.max:.3g}, rel. step {2 * f.unit_roundoff:.1e}",
+                va="center", fontsize=8)
+    handles = [Rectangle((0, 0), 1, 1, fc=c, ec="0.4", label=k) for k, c in colors.items()]
+    ax.legend(handles=handles, loc="upper right", fontsize=8, ncol=3,
+              bbox_to_anchor=(1.0, 1.25))
+    ax.set_xlim(-6, 50)
+    ax.set_ylim(0, len(fmts))
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+MMA_SHAPES = [  # name, m, n, k, threads that issue it, what
+    ("Volta tensor core", 4, 4, 4, None, "V100: 4x4x4 fp16,\nthe source's picture"),
+    ("WMMA m16n16k16", 16, 16, 16, 32, "the wmma API\n(C++ or PTX), Volta+"),
+    ("mma.sync m16n8k16", 16, 8, 16, 32, "what WMMA becomes\non Ampere and later"),
+    ("wgmma m64n256k16", 64, 256, 16, 128, "Hopper: a warpgroup of 4 warps,\noperands "
+     "read from shared memory"),
+]
+
+
+def plot_mma_shapes():
+    """The output tile (m x n, to scale) of each generation's MMA instruction, with the
+    multiply-adds one instruction performs."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    x = 0
+    for name, m, n, k, threads, what in MMA_SHAPES:
+        ax.add_patch(Rectangle((x, 0), n, m, fc="#8ecae6", ec="0.3"))
+        ax.text(x + n / 2, m + 3, f"{name}\n{m * n * k:,} multiply-adds"
+                + (f"\nissued by {threads} threads" if threads else ""), ha="center",
+                va="bottom", fontsize=7.5)
+        ax.text(x + n / 2, -4, what, ha="center", va="top", fontsize=7)
+        x += n + 110
+    ax.set_xlim(-50, x - 60)
+    ax.set_ylim(-30, 105)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("output tile of one tensor-core instruction, to scale (D = A·B + C)",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def mma_m16n8_owner(row: int, col: int) -> tuple:
+    """(lane, register) holding accumulator element (row, col) of mma.sync m16n8k16 with
+    fp32 accumulators (PTX ISA: row = lane // 4 (+8 for c2, c3), col = 2 * (lane % 4) + i)."""
+    lane = 4 * (row % 8) + col // 2
+    reg = (col % 2) + (2 if row >= 8 else 0)
+    return lane, reg
+
+
+def plot_fragment_owners():
+    """Which of the 32 lanes holds each of the 16x8 accumulator elements of mma.sync
+    m16n8k16: every lane holds 4 floats (c0..c3) in 2 rows 8 apart."""
+    import matplotlib.pyplot as plt
+
+    owner = np.zeros((16, 8), int)
+    for r in range(16):
+        for c in range(8):
+            owner[r, c] = mma_m16n8_owner(r, c)[0]
+    fig, ax = plt.subplots(figsize=(4.2, 6))
+    ax.imshow(owner, cmap="tab20", interpolation="nearest")
+    for r in range(16):
+        for c in range(8):
+            lane, reg = mma_m16n8_owner(r, c)
+            ax.text(c, r, f"{lane}\nc{reg}", ha="center", va="center", fontsize=6)
+    ax.set_xticks(range(8))
+    ax.set_yticks(range(16))
+    ax.set_xlabel("column n")
+    ax.set_ylabel("row m")
+    ax.set_title("mma.sync m16n8k16: lane and register\nof each fp32 accumulator", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_wmma_tiling(cfg=None):
+    """The tiled WMMA GEMM's block tile: warps (colours) and their 16x16 fragments, with
+    the A and B slabs one K step reads."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from .kernels.wmma01_gemm_cuda import GEMM_DEFAULT
+
+    cfg = cfg or GEMM_DEFAULT
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    gap = 8
+    # A slab (BM x BK) left, B slab (BK x BN) on top, C tile (BM x BN)
+    ax.add_patch(Rectangle((0, 0), cfg.BK, cfg.BM, fc="#ffb703", ec="0.3", alpha=0.6))
+    ax.text(cfg.BK / 2, -4, f"A slab\n{cfg.BM}x{cfg.BK}", ha="center", va="bottom", fontsize=8)
+    x0 = cfg.BK + gap
+    ax.add_patch(Rectangle((x0, -cfg.BK - gap), cfg.BN, cfg.BK, fc="#b5e48c", ec="0.3",
+                           alpha=0.6))
+    ax.text(x0 + cfg.BN + 3, -cfg.BK / 2 - gap, f"B slab {cfg.BK}x{cfg.BN}", va="center",
+            fontsize=8)
+    warps_n = cfg.BN // cfg.WN
+    colors = plt.cm.tab10.colors
+    for w in range(cfg.warps):
+        wm, wn = (w // warps_n) * cfg.WM, (w % warps_n) * cfg.WN
+        for i in range(cfg.WM // 16):
+            for j in range(cfg.WN // 16):
+                ax.add_patch(Rectangle((x0 + wn + 16 * j, wm + 16 * i), 16, 16,
+                                       fc=colors[w % 10], ec="white", lw=0.8, alpha=0.75))
+        ax.text(x0 + wn + cfg.WN / 2, wm + cfg.WM / 2, f"warp {w}", ha="center",
+                va="center", fontsize=8, color="black")
+    ax.add_patch(Rectangle((x0, 0), cfg.BN, cfg.BM, fill=False, ec="k", lw=1.5))
+    ax.set_xlim(-4, x0 + cfg.BN + 60)
+    ax.set_ylim(cfg.BM + 6, -cfg.BK - gap - 10)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"one block: C tile {cfg.BM}x{cfg.BN}, {cfg.warps} warps of {cfg.WM}x{cfg.WN}"
+                 f" = {cfg.WM // 16}x{cfg.WN // 16} fragments of 16x16 each", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_capstone_roofline(points: list, copy_gbps: float, fp32_tflops: float,
+                           fp16_tflops: float | None = None, title: str = ""):
+    """Every kernel of the course on one roofline with two compute roofs (fp32 CUDA
+    cores; fp16 tensor cores): points are dicts (family, ai, tflops); returns the figure."""
+    ax = roofline(points, copy_gbps, {"fp32 CUDA cores": fp32_tflops,
+                                      "fp16 tensor cores": fp16_tflops},
+                  title=title or "every kernel of the course on one roofline", unit="TFLOP/s")
+    return ax.figure
+
+
+def plot_capstone_ladder(rows: list, title: str = ""):
+    """Two panels of grouped bars: the fp32 ladder and the tensor-core versions."""
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys(r["group"] for r in rows))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6.5 * len(groups), 4), squeeze=False,
+                             gridspec_kw=dict(width_ratios=[2, 1][:len(groups)]))
+    for ax, grp in zip(axes[0], groups, strict=True):
+        rs = [r for r in rows if r["group"] == grp]
+        names = list(dict.fromkeys(r["name"] for r in rs))
+        layers = list(dict.fromkeys(r["layer"] for r in rs))
+        width = 0.8 / max(1, len(layers))
+        for i, lay in enumerate(layers):
+            pct = {r["name"]: r["pct"] for r in rs if r["layer"] == lay}
+            ax.bar(np.arange(len(names)) + i * width, [pct.get(n, 0) for n in names], width,
+                   label=lay)
+        ax.axhline(100, color="k", lw=0.8, ls="--")
+        ax.set_xticks(np.arange(len(names)) + width * (len(layers) - 1) / 2, names,
+                      rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(grp.split(": ")[1])
+        ax.set_title(grp.split(":")[0], fontsize=10)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_census(census: dict, variants=("fp32", "tf32", "fp16 NHWC"), title: str = ""):
+    """Stacked bars: each kind of layer's share of FLOPs and of time (per variant).
+
+    census: {"flops": census_flops(...), variant: census_time(...), ...} (`convlab.census`).
+    """
+    import matplotlib.pyplot as plt
+
+    kinds = list(census["flops"])  # `convlab.census.KINDS`, in its order
+    cols = ["FLOPs"] + [v for v in variants if v in census]
+    fig, ax = plt.subplots(figsize=(1.5 * len(cols) + 3, 3.8))
+    colors = dict(zip(kinds, plt.cm.Set2.colors, strict=False))
+    for i, col in enumerate(cols):
+        data = census["flops"] if col == "FLOPs" else census[col]
+        tot = sum(data[k] for k in kinds)
+        bottom = 0.0
+        for k in kinds:
+            share = 100 * data[k] / tot
+            ax.bar(i, share, bottom=bottom, color=colors[k], label=k if i == 0 else None)
+            if share > 6:
+                ax.text(i, bottom + share / 2, f"{share:.0f}%", ha="center", va="center",
+                        fontsize=8)
+            bottom += share
+    ax.axhline(70, color="#d62828", lw=1, ls="--")
+    ax.text(len(cols) - 0.5, 71, "70% (source 000)", color="#d62828", fontsize=8, ha="right")
+    ax.set_xticks(range(len(cols)), ["share of FLOPs"] + [f"time, {c}" for c in cols[1:]],
+                  fontsize=8)
+    ax.set_ylabel("% of the forward pass")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
     fig.tight_layout()
     return fig

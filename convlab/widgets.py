@@ -267,7 +267,7 @@ TUNER_FAMILIES = {
 def tuner_config(family: str, params: dict):
     """The kernel module's Config for `params` (validated where the module can)."""
     if family == "numba":
-        from .kernels.conv07_implicit_gemm_pipelined import Config
+        from .kernels.conv07_implicit_gemm_warp_tiled import Config
 
         p = dict(params)
         p["min_blocks"] = p.get("min_blocks") or None
@@ -295,19 +295,19 @@ def _stored_key(family: str, cfg) -> str:
 def stored_tile_times(family: str, layer: str) -> dict:
     """Tile shape -> (ms, % of the layer's cuDNN baseline) measured on the H200, and the
     baseline's name: ({key: (ms, pct)}, baseline)."""
-    from . import bench, problems
+    from . import problems, results
 
     li = problems.RESNET.index(layer)
     if family == "wmma":
         try:
-            data = bench.stored_results("h200_lessons12_13")
+            data = results.load("h200_lessons12_13")
         except FileNotFoundError:
             return {}, "cuDNN fp16"
         lay = next((x for x in data.get("wmma_conv", []) if x["layer"] == layer), None)
         out = {s["config"]: (s["ms"], s["pct_cudnn_fp16"]) for s in (lay or {}).get(
             "sweep", []) if s.get("ms")}
         return out, "cuDNN fp16"
-    data = bench.stored_results("h200")
+    data = results.load("h200")
     prefix = "conv07 " if family == "numba" else "conv09 cuda "
     out = {}
     for key, v in data.get("sweep", {}).get("variants", {}).items():
@@ -333,7 +333,7 @@ class Tuner:
 
     def _launcher(self, family, cfg):
         if family == "numba":
-            from .kernels.conv07_implicit_gemm_pipelined import launcher_for
+            from .kernels.conv07_implicit_gemm_warp_tiled import launcher_for
 
             return launcher_for(cfg)
         if family == "cuda":
@@ -383,12 +383,11 @@ class Tuner:
             return row
         prob = problems.conv_layer(layer)
         rng = np.random.default_rng(1)
-        x = check.random_array(prob.x_shape, rng)
-        w = check.random_array(prob.w_shape, rng)
         kw = prob.kwargs
-        x64, w64 = x.astype(np.float64), w.astype(np.float64)
-        expected = ref.conv2d_im2col(x64, w64, **kw)
-        absref = ref.conv2d_im2col(np.abs(x64), np.abs(w64), **kw)
+        case = check.reference_case(check.random_array(prob.x_shape, rng),
+                                    check.random_array(prob.w_shape, rng),
+                                    op=ref.conv2d_im2col, **kw)
+        x, w = case["inputs"]
         try:
             from .runtime import cuda
 
@@ -398,8 +397,8 @@ class Tuner:
             out = c.to_device(check.poisoned(prob.out_shape))
             launch(xd, wd, out, **kw)
             c.synchronize()
-            comp = check.compare(out.copy_to_host(), expected, absref, prob.C * prob.R * prob.S,
-                                 "fp16" if family == "wmma" else "fp32")
+            comp = check.compare(out.copy_to_host(), case["expected"], case["absref"],
+                                 case["reduction"], "fp16" if family == "wmma" else "fp32")
             row["max_rel_err"] = comp.max_rel
             if not comp.ok:
                 row["note"] = "WRONG: " + comp.summary()

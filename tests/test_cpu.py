@@ -119,5 +119,16 @@ def test_time_interleaved_and_time_scaled():
     assert est == pytest.approx(tim.median_ms * 4)
 
 
-def test_cores_is_positive():
-    assert cpu.cores() >= 1 and cpu.max_threads() >= 1
+def test_cores_follow_the_affinity_mask_and_fall_back_to_the_cpu_count(monkeypatch):
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5}, raising=False)
+    assert cpu.cores() == 3  # the cores this process may use, not the machine's
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS, Windows
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
+    assert cpu.cores() == 7
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert cpu.cores() == 1
+    import numba
+
+    assert cpu.max_threads() == numba.config.NUMBA_NUM_THREADS

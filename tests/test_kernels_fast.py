@@ -22,7 +22,7 @@ from convlab.kernels import (
     GEMM_LADDER,
     Unsupported,
     conv04_register_blocked,
-    conv07_implicit_gemm_pipelined,
+    conv07_implicit_gemm_warp_tiled,
     conv08_implicit_gemm_tuned,
     conv09_implicit_gemm_cuda,
     gemm03_vectorized,
@@ -31,7 +31,9 @@ from convlab.kernels import (
 from convlab.kernels import _blocking as blk
 from convlab.runtime import cuda, is_simulator
 
-C7, C9 = conv07_implicit_gemm_pipelined, conv09_implicit_gemm_cuda
+from ._nvrtc import nvrtc_available
+
+C7, C9 = conv07_implicit_gemm_warp_tiled, conv09_implicit_gemm_cuda
 NEW_GEMMS = ["register_blocked", "vectorized", "double_buffered"]
 
 # ---------------------------------------------------------------------------------------
@@ -192,12 +194,7 @@ def test_cuda_refuses_groups_before_needing_cupy():
         C9.conv2d_implicit_gemm_cuda(x, w, out, groups=2)
 
 
-def _nvrtc_available():
-    try:
-        from cuda.bindings import nvrtc  # noqa: F401
-    except ImportError:
-        return False
-    return True
+_nvrtc_available = nvrtc_available
 
 
 @pytest.mark.skipif(not _nvrtc_available(), reason="cuda-python's NVRTC not installed")
@@ -223,8 +220,8 @@ PTX = r"""
     import convlab; convlab.setup('gpu')
     from numba import cuda
     from convlab.kernels import (gemm02_register_blocked as g2, gemm03_vectorized as g3,
-        gemm04_double_buffered as g4, conv05_implicit_gemm as c5, conv06_implicit_gemm_v4 as c6,
-        conv07_implicit_gemm_pipelined as c7)
+        gemm04_double_buffered as g4, conv05_implicit_gemm as c5, conv06_implicit_gemm_double_buffered as c6,
+        conv07_implicit_gemm_warp_tiled as c7)
 
     def ptx(mod):
         k = mod.KERNEL

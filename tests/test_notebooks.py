@@ -36,9 +36,14 @@ def _ids(paths):
     return [f"{p.parent.name}/{p.name}" for p in paths]
 
 
-def test_there_are_notebooks():
-    assert any(p.parent.name == "notebooks" for p in NOTEBOOKS), "no lesson notebooks found"
-    assert any(p.parent.name == "solutions" for p in NOTEBOOKS), "no solution notebooks found"
+def test_every_lesson_has_one_notebook_and_its_exercises():
+    def lessons(folder):
+        return [p.name[:2] for p in NOTEBOOKS if p.parent.name == folder]
+
+    assert lessons("notebooks") == [f"{i:02d}" for i in range(14)]  # the syllabus: 00-13
+    assert lessons("solutions") == [f"{i:02d}" for i in range(13)]  # 13 grades the ladder
+    lesson = {p.name for p in NOTEBOOKS if p.parent.name == "notebooks"}
+    assert {p.name for p in NOTEBOOKS if p.parent.name == "solutions"} <= lesson
 
 
 def _kernel_env() -> dict:

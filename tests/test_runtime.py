@@ -139,5 +139,45 @@ def test_doctor_flags_numpy_25(monkeypatch):
     assert any("row_stack" in p.what for p in rep.problems)
 
 
-def test_version():
-    assert convlab.__version__
+def test_version_is_the_one_in_pyproject():
+    from pathlib import Path
+
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert convlab.__version__ == meta["project"]["version"]
+
+
+def test_simulator_shared_arrays_are_allocated_once_per_block_under_a_lock(monkeypatch):
+    from convlab.runtime import is_simulator
+
+    if not is_simulator():
+        pytest.skip("the simulator's allocator")
+    import threading
+    import time
+
+    import numpy as np
+    from numba.cuda.simulator import kernelapi
+
+    assert getattr(kernelapi.FakeCUDAShared.array, "_convlab_locked", False)
+    real_empty = np.empty
+
+    def slow_empty(*a, **k):  # widen the window between the look-up and the store
+        time.sleep(0.02)
+        return real_empty(*a, **k)
+
+    monkeypatch.setattr(np, "empty", slow_empty)
+    shared = kernelapi.FakeCUDAShared(0)
+    got = []
+
+    def thread():
+        got.append(shared.array((4,), np.float32))  # one call site: one array per block
+
+    threads = [threading.Thread(target=thread) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 12 and all(a is got[0] for a in got)
+    other = shared.array((4,), np.float32)  # another line: another array
+    assert other is not got[0]

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import matplotlib
 import numpy as np
@@ -542,14 +541,10 @@ def test_device_arrays_are_traced_and_written_back():
     assert t.array("out").name == "y"
 
 
-def test_tracing_a_64x64_conv_takes_seconds():
+def test_tracing_a_64x64_conv_records_every_thread():
     x, w = rand(1, 1, 64, 64), rand(1, 1, 3, 3)
-    t0 = time.perf_counter()
     t = _conv_trace(kernels.conv2d_coalesced, x, w, 1)
-    elapsed = time.perf_counter() - t0
-    print(f"tracing a 64x64 3x3 conv (4096 threads): {elapsed:.2f} s")
     assert t.launches[0]["threads"] == 64 * 64
-    assert elapsed < 30
 
 
 # ----------------------------------------------------------------------------------------

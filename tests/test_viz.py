@@ -12,7 +12,8 @@ from convlab import reference as ref  # noqa: E402
 
 
 def _texts(fig):
-    return " ".join(t.get_text() for ax in fig.axes for t in ax.texts + [ax.title])
+    return " ".join(t.get_text() for ax in fig.axes for t in ax.texts + [ax.title]
+                    + ([fig._suptitle] if fig._suptitle else []))
 
 
 def test_photo_is_a_real_float32_image():
@@ -52,10 +53,17 @@ def test_pictures_render():
             viz.draw_loop_order(), viz.draw_blocking(), viz.draw_flat_tile(3, 10, 3, 4),
             viz.show_images([np.ones((4, 4)), -np.ones((4, 4))], ["a", "b"]),
             viz.plot_timings([("slow", 100.0, 1.0), ("fast", 1.0, 100.0)], baseline="slow"),
-            viz.plot_thread_sweep({"v": [(1, 10.0), (2, 5.0)]}),
+            viz.plot_thread_sweep({"v": [(1, 10.0), (2, 8.0)]}),
             viz.plot_batch_crossover([1, 2, 4], {"cpu": [1, 2, 4], "gpu": [3, 3, 3]})]
-    for f in figs:
-        assert f.axes
+    for f in figs:  # every picture draws marks, not just an empty frame
+        assert sum(len(ax.patches) + len(ax.lines) + len(ax.images) + len(ax.collections)
+                   for ax in f.axes) > 0
+    assert [ax.get_title() for ax in figs[5].axes if ax.images] == ["a", "b"]
+    sweep = figs[7].axes[0].lines[0]
+    assert sweep.get_xdata().tolist() == [1, 2] and sweep.get_ydata().tolist() == [1.0, 1.25]
+    assert sweep.get_label() == "v (1 thread: 10 ms)"
+    per_image = {ln.get_label(): ln.get_ydata().tolist() for ln in figs[8].axes[0].lines}
+    assert per_image == {"cpu": [1.0, 1.0, 1.0], "gpu": [3.0, 1.5, 0.75]}
     assert "offset ((1·3+1)·3+2)·4+1 = 57" in _texts(figs[0])
     assert "one loop of 34 = 8 vectors + 2" in _texts(figs[4])
     assert "×100" in _texts(figs[6]) and "speed-up over slow" in figs[6].axes[0].get_xlabel()
@@ -115,3 +123,84 @@ def test_draw_plane_tiles_marks_zeros_and_one_copy_pass():
     red = [p for p in bottom.patches
            if not p.get_fill() and p.get_width() == 1 and p.get_height() == 1]
     assert len(red) == 5  # the first copy pass lands on 5 cells of tile 0
+
+
+# ---------------------------------------------------------------------------------------
+# Lessons 07-09's pictures and their counts
+
+
+def test_register_block_counts_loads_and_refuses_bad_threads():
+    fig = viz.draw_register_block(BM=16, BN=16, BK=4, TM=4, TN=4, thread=(1, 2))
+    assert "4 + 4 = 8 loads, 16 FMAs: 2.0 FMAs per load" in _texts(fig)
+    fig = viz.draw_register_block(BM=32, BN=32, BK=4, TM=8, TN=8, thread=(0, 0), split=True)
+    assert "two runs of 4" in _texts(fig) and "4.0 FMAs per load" in _texts(fig)
+    with pytest.raises(ValueError):
+        viz.draw_register_block(BM=16, BN=16, TM=4, TN=4, thread=(4, 0))
+
+
+def test_occupancy_by_hand():
+    # 143 registers -> 18 x 256 per warp = 4608; 65536 // 4608 = 14 warps: one 8-warp block
+    assert viz.occupancy(143, 256) == dict(blocks=1, warps=8, occupancy=0.125,
+                                           limited_by="registers")
+    # 32 registers: the 64-warp limit binds, not the registers
+    o = viz.occupancy(32, 128)
+    assert o["warps"] == 64 and o["limited_by"] == "warps"
+    assert viz.occupancy(128, 128)["warps"] == 16 and viz.occupancy(300, 128)["blocks"] == 0
+    assert viz.occupancy(32, 128, smem_per_block=100 * 1024)["limited_by"] == "shared memory"
+    assert viz.plot_occupancy([("a", 64), ("b", 200, 256)]).axes
+
+
+def test_vector_reads_count_wavefronts():
+    assert viz.vector_read_wavefronts(8, split=False) == 2
+    assert viz.vector_read_wavefronts(8, split=True) == 1
+    assert viz.vector_read_wavefronts(16, split=False) == 4
+    assert "2 wavefronts" in _texts(viz.draw_vector_reads(8))
+
+
+def test_implicit_gemm_slab_has_the_right_pixels():
+    fig = viz.draw_implicit_gemm(C=2, H=4, W=4, tap=(1, 0), BK=2, BN=8)
+    slab = [t.get_text() for t in fig.axes[2].texts]
+    # tap (1, 0), pad 1: output (p, q) reads input (p, q - 1); column 0 is padding
+    assert slab[:8] == ["0", "a0", "a1", "a2", "0", "a4", "a5", "a6"]
+    with pytest.raises(ValueError):
+        viz.draw_implicit_gemm(tap=(3, 0))
+
+
+def test_double_buffering_timeline_is_shorter():
+    # one buffer: 4 x (load 1 + FMAs 1) = 8; two: load 0, then 4 FMA steps = 5
+    fig = viz.draw_double_buffering(load_us=1.0, compute_us=1.0, sync_us=0.0, n=4)
+    assert "(1.60x shorter here)" in _texts(fig)
+    assert "4 slabs in 8 time units" in _texts(fig) and "4 slabs in 5 time units" in _texts(fig)
+
+
+# ---------------------------------------------------------------------------------------
+# Lesson 12's pictures
+
+
+def test_format_bits_are_drawn_to_scale():
+    fig = viz.plot_formats(("fp32", "fp16"))
+    assert len(fig.axes[0].patches) == 32 + 16  # one box per bit
+    assert "16 bits: 5 exponent, 10 mantissa" in _texts(fig)
+
+
+def test_fragment_owner_picture_follows_the_ptx_layout():
+    texts = [t.get_text() for t in viz.plot_fragment_owners().axes[0].texts]
+    assert len(texts) == 16 * 8
+    assert texts[9 * 8 + 3] == "5\nc3"  # row 9, column 3: lane 4*(9%8) + 3//2, register 2+1
+    assert viz.mma_m16n8_owner(9, 3) == (5, 3)
+
+
+def test_wmma_tiling_shows_every_fragment():
+    from convlab.kernels.wmma01_gemm_cuda import GEMM_DEFAULT as cfg
+
+    ax = viz.plot_wmma_tiling().axes[0]
+    frags = [p for p in ax.patches if (p.get_width(), p.get_height()) == (16, 16)]
+    assert len(frags) == cfg.BM * cfg.BN // 256
+    assert f"{cfg.warps} warps" in ax.get_title()
+
+
+def test_mma_shapes_count_the_multiply_adds():
+    fig = viz.plot_mma_shapes()
+    assert len(fig.axes[0].patches) == len(viz.MMA_SHAPES)
+    text = _texts(fig)
+    assert "64 multiply-adds" in text and f"{64 * 256 * 16:,} multiply-adds" in text

@@ -23,15 +23,12 @@ from convlab import check
 from convlab.kernels import Unsupported
 from convlab.kernels import wmma01_gemm_cuda as WM
 
+from ._nvrtc import nvrtc_available
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _nvrtc_available():
-    try:
-        from cuda.bindings import nvrtc  # noqa: F401
-    except ImportError:
-        return False
-    return True
+_nvrtc_available = nvrtc_available
 
 
 needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="cuda-python's NVRTC missing")

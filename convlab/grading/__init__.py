@@ -4,12 +4,15 @@
 - `grade.grade`: grade one notebook (``convlab grade``)
 - `batch.grade_batch`: a folder of submissions -> gradebook.csv (``convlab grade-batch``)
 - `gradescope.write_autograder`: the Gradescope bundle (``convlab autograder``)
-- `sandbox`: the guard rails inside the grading kernel
+- `verdict`, `remote`, `wire`: tests run in the grader's process; the learner's functions
+  are called in theirs, inputs out and outputs back as ``.npy`` files
+- `kernel`, `jail`: the learner's process (a Jupyter kernel) and its OS isolation
+- `worker`, `sandbox`: inside that process, the call server and the in-process guard rails
 
 The notebook format is in `notebook` (markers ``# EXERCISE: <id>``, ``# TEST: <id>
 points=N``, ``### BEGIN SOLUTION`` / ``### END SOLUTION``, ``### BEGIN HIDDEN TESTS`` /
 ``### END HIDDEN TESTS``). Nothing here imports numba, and importing this package imports
-none of its modules (the grading kernel imports only `sandbox`).
+none of its modules (the grading kernel imports only `worker`, `wire` and `sandbox`).
 """
 
 import importlib

@@ -1,9 +1,13 @@
 """Grade a folder of submissions: ``python -m convlab grade-batch DIR``.
 
-Every ``*.ipynb`` under DIR is one submission (a folder per student works too). Each is
-graded in its own process (``python -m convlab grade``), several at a time, so one broken
-submission - bad JSON, a kernel crash, a grader bug - costs only that submission. Writes
-``<out>/<name>.results.json`` for each and ``<out>/gradebook.csv`` for all of them.
+Every ``*.ipynb`` under DIR is one submission (a folder per student works too). All are
+first copied into a folder only the grader can read, then each copy is graded in its own
+process (``python -m convlab grade``), several at a time, so one broken submission - bad
+JSON, a kernel crash, a grader bug - costs only that submission, and no submission's code
+can see DIR or another submission. With an assignment named, every submission is graded
+against it (one whose tasks are not that assignment's is an error row). Writes
+``<out>/<name>.results.json`` for each and ``<out>/gradebook.csv`` for all of them; names
+are unique (``a/b__c.ipynb`` and ``a__b/c.ipynb`` get different ones).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -37,11 +43,30 @@ def _name(path: Path, folder: Path) -> str:
     return "__".join(rel.parts)
 
 
+def submission_names(subs, folder) -> dict:
+    """path -> a unique gradebook name (``student__06``; ``~2``, ``~3``... on a clash)."""
+    out, taken = {}, set()
+    for p in subs:
+        base = _name(p, Path(folder))
+        name, k = base, 1
+        while name.lower() in taken:
+            k += 1
+            name = f"{base}~{k}"
+        taken.add(name.lower())
+        out[p] = name
+    return out
+
+
 def grade_one_process(path: Path, out_json: Path, instructor=None, private_tests=None,
-                      cell_timeout=None, total_timeout=None, mode="sim") -> dict:
+                      cell_timeout=None, total_timeout=None, mode="sim", assignment=None,
+                      hide=()) -> dict:
     """Grade in a child process; always returns a results.json dict (and writes it)."""
     cmd = [sys.executable, "-m", "convlab", "grade", str(path), "--out", str(out_json),
            "--quiet", "--mode", mode]
+    if assignment:
+        cmd += ["--assignment", str(assignment)]
+    for h in hide:
+        cmd += ["--hide", str(h)]
     if instructor:
         cmd += ["--instructor", str(instructor)]
     if private_tests:
@@ -69,26 +94,45 @@ def grade_one_process(path: Path, out_json: Path, instructor=None, private_tests
     return data
 
 
+def _private_copies(subs, names, into: Path) -> dict:
+    """path -> its copy in `into` (same file name, one folder per submission)."""
+    out = {}
+    for k, p in enumerate(subs):
+        d = into / f"{k:05d}"
+        d.mkdir()
+        try:
+            out[p] = Path(shutil.copyfile(p, d / p.name))
+        except OSError:
+            out[p] = p  # unreadable: its grading reports why
+    return out
+
+
 def grade_batch(folder, out_dir=None, *, jobs: int = 2, instructor=None, private_tests=None,
-                cell_timeout=None, total_timeout=None, mode="sim", progress: bool = True):
+                cell_timeout=None, total_timeout=None, mode="sim", progress: bool = True,
+                assignment=None):
     """Grade every notebook under `folder`; return the gradebook rows (dicts)."""
     folder = Path(folder)
     out_dir = Path(out_dir) if out_dir else folder / "graded"
     out_dir.mkdir(parents=True, exist_ok=True)
     subs = find_submissions(folder, out_dir)
+    names = submission_names(subs, folder)
     rows: dict = {}
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(subs), desc="grading", unit="notebook")
+    private = Path(tempfile.mkdtemp(prefix="convlab-batch-"))
+    copies = _private_copies(subs, names, private)
+    hide = [str(folder.resolve()), str(out_dir.resolve())]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = {}
         for p in subs:
-            name = _name(p, folder)
+            name = names[p]
             out_json = out_dir / f"{name}.results.json"
-            futures[pool.submit(grade_one_process, p, out_json, instructor, private_tests,
-                                cell_timeout, total_timeout, mode)] = (name, p, out_json)
+            futures[pool.submit(grade_one_process, copies[p], out_json, instructor,
+                                private_tests, cell_timeout, total_timeout, mode, assignment,
+                                hide)] = (name, p, out_json)
         for fut in as_completed(futures):
             name, p, out_json = futures[fut]
             try:
@@ -100,9 +144,10 @@ def grade_batch(folder, out_dir=None, *, jobs: int = 2, instructor=None, private
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix_str(f"{name}: {rows[name]['score']:g}")
+    shutil.rmtree(private, ignore_errors=True)
     if bar is not None:
         bar.close()
-    ordered = [rows[_name(p, folder)] for p in subs]
+    ordered = [rows[names[p]] for p in subs]
     write_gradebook(ordered, out_dir / "gradebook.csv")
     return ordered
 

@@ -31,6 +31,8 @@ def results_json(result) -> dict:
         text = "✓ passed" if t.passed else f"✗ {t.message or t.kind}"
         if t.output.strip():
             text += "\n" + t.output.rstrip()
+        if getattr(t, "learner_output", "").strip():
+            text += "\n--- what your code printed while graded (an excerpt):\n" + t.learner_output
         tests.append({"name": t.id, "score": t.score, "max_score": t.max_score,
                       "status": t.status, "output": text, "visibility": VISIBILITY})
     flags = result.flags
@@ -45,7 +47,8 @@ def results_json(result) -> dict:
                           "flags": flags, "instructor": Path(result.instructor).name,
                           "tasks": {t.id: t.kind for t in result.tasks},
                           "cell_errors": [list(e) for e in result.cell_errors],
-                          "log": result.log}}
+                          "log": result.log, "isolation": getattr(result, "isolation", {}),
+                          "assignment": getattr(result, "assignment", "")}}
     if result.error:
         out["output"] = f"Could not grade this submission: {result.error}\n\n" + out["output"]
         out["extra_data"]["error"] = result.error
@@ -102,7 +105,9 @@ if [ -z "$sub" ]; then
   zero "No .ipynb file in the submission: upload your exercise notebook."
   exit 0
 fi
-args=(--instructor "$SRC/graders" --out "$OUT" @OPTIONS@)
+# the learner's code may see neither the bundle (graders, private tests, this script) nor
+# the submission folder: the grader reads the notebook and passes on only its answers
+args=(--instructor "$SRC/graders" --out "$OUT" --hide "$SRC" --hide "$ROOT/submission" @OPTIONS@)
 if [ -d "$SRC/private_tests" ]; then args+=(--private-tests "$SRC/private_tests"); fi
 cd "$ROOT"
 "$PYTHON" -m convlab grade "$sub" "${args[@]}"
@@ -127,9 +132,11 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes | str, executable: bool = F
 def write_autograder(out, root=None, private_tests=None, notebooks=None,
                      cell_timeout: float | None = None,
                      total_timeout: float | None = None) -> list[str]:
-    """Write the Gradescope autograder zip; return the names it holds.
+    """Write the Gradescope autograder zip of one assignment; return the names it holds.
 
-    notebooks: solution notebook stems to include (default: all of solutions/).
+    notebooks: the solution notebook (stem, file name or two-digit number) of the
+    assignment; may be left out when solutions/ holds only one. A submission whose tasks
+    are not that assignment's scores 0 with an error.
     """
     root = repo_root(root)
     sols = solution_notebooks(root / "solutions")
@@ -138,7 +145,10 @@ def write_autograder(out, root=None, private_tests=None, notebooks=None,
         sols = [s for s in sols if s.stem in keep or s.name in keep or s.stem[:2] in keep]
     if not sols:
         raise FileNotFoundError(f"no solution notebooks in {root / 'solutions'}")
-    options = []
+    if len(sols) > 1:
+        raise ValueError("a Gradescope bundle grades one assignment: name it with --notebooks "
+                         f"(one of {', '.join(s.stem for s in sols)})")
+    options = ["--assignment", sols[0].stem]
     if cell_timeout:
         options += ["--cell-timeout", f"{cell_timeout:g}"]
     if total_timeout:

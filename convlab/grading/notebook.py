@@ -55,8 +55,18 @@ def header(text: str) -> str:
 
 
 def exercise_id(text: str) -> str | None:
-    m = EXERCISE_RE.match(header(text))
-    return m.group("id") if m else None
+    """The task id of an answer cell: its ``# EXERCISE: <id>`` line, which may follow
+    blank lines, comments and magics (``%%time``), never code or a ``# TEST:`` line."""
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        m = EXERCISE_RE.match(line)
+        if m:
+            return m.group("id")
+        if TEST_RE.match(line) or not s.startswith(("#", "%")):
+            return None
+    return None
 
 
 def test_marker(text: str) -> tuple[str, float] | None:
@@ -121,7 +131,7 @@ def read(path) -> nbformat.NotebookNode:
 def reads(text: str, name: str = "notebook") -> nbformat.NotebookNode:
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
         raise NotebookFormatError(f"{name}: not a notebook, the JSON is broken ({e})") from e
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise NotebookFormatError(f"{name}: not a notebook (no list of cells)")
@@ -131,9 +141,17 @@ def reads(text: str, name: str = "notebook") -> nbformat.NotebookNode:
             nb = nbformat.convert(nb, 4)
     except Exception as e:  # noqa: BLE001  (any malformed notebook is the same failure)
         raise NotebookFormatError(f"{name}: not a readable notebook ({e})") from e
-    for c in nb.cells:
+    for i, c in enumerate(nb.cells):
+        if not isinstance(c, dict) or not isinstance(c.get("cell_type", "code"), str):
+            raise NotebookFormatError(f"{name}: cell {i} is not a notebook cell")
+        s = c.get("source", "")
+        if not (isinstance(s, str) or (isinstance(s, list) and all(isinstance(x, str)
+                                                                    for x in s))):
+            raise NotebookFormatError(f"{name}: cell {i} has a source that is not text")
         if "source" in c:
             c["source"] = source(c)
+        if not isinstance(c.get("metadata", {}), dict):
+            c["metadata"] = {}
         c.setdefault("metadata", {})
     return nb
 

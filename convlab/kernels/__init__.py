@@ -16,8 +16,8 @@ from . import (  # noqa: E402
     conv03_tiled,
     conv04_register_blocked,
     conv05_implicit_gemm,
-    conv06_implicit_gemm_v4,
-    conv07_implicit_gemm_pipelined,
+    conv06_implicit_gemm_double_buffered,
+    conv07_implicit_gemm_warp_tiled,
     conv08_implicit_gemm_tuned,
     conv09_implicit_gemm_cuda,
     depthwise01_direct,
@@ -36,8 +36,8 @@ from .conv02_coalesced import conv2d_coalesced  # noqa: E402
 from .conv03_tiled import conv2d_tiled  # noqa: E402
 from .conv04_register_blocked import conv2d_register_blocked  # noqa: E402
 from .conv05_implicit_gemm import conv2d_implicit_gemm  # noqa: E402
-from .conv06_implicit_gemm_v4 import conv2d_implicit_gemm_v4  # noqa: E402
-from .conv07_implicit_gemm_pipelined import conv2d_implicit_gemm_pipelined  # noqa: E402
+from .conv06_implicit_gemm_double_buffered import conv2d_implicit_gemm_double_buffered  # noqa: E402,E501
+from .conv07_implicit_gemm_warp_tiled import conv2d_implicit_gemm_warp_tiled  # noqa: E402
 from .conv08_implicit_gemm_tuned import conv2d_implicit_gemm_tuned  # noqa: E402
 from .conv09_implicit_gemm_cuda import conv2d_implicit_gemm_cuda  # noqa: E402
 from .depthwise01_direct import conv2d_depthwise  # noqa: E402
@@ -57,8 +57,8 @@ CONV_LADDER = {
     "tiled": conv2d_tiled,
     "register_blocked": conv2d_register_blocked,
     "implicit_gemm": conv2d_implicit_gemm,
-    "implicit_gemm_v4": conv2d_implicit_gemm_v4,
-    "implicit_gemm_pipelined": conv2d_implicit_gemm_pipelined,
+    "implicit_gemm_double_buffered": conv2d_implicit_gemm_double_buffered,
+    "implicit_gemm_warp_tiled": conv2d_implicit_gemm_warp_tiled,
     "implicit_gemm_tuned": conv2d_implicit_gemm_tuned,
 }
 
@@ -84,8 +84,8 @@ MODULES = {
     "gemm_tiled": gemm01_tiled,
     "register_blocked": conv04_register_blocked,
     "implicit_gemm": conv05_implicit_gemm,
-    "implicit_gemm_v4": conv06_implicit_gemm_v4,
-    "implicit_gemm_pipelined": conv07_implicit_gemm_pipelined,
+    "implicit_gemm_double_buffered": conv06_implicit_gemm_double_buffered,
+    "implicit_gemm_warp_tiled": conv07_implicit_gemm_warp_tiled,
     "gemm_register_blocked": gemm02_register_blocked,
     "gemm_vectorized": gemm03_vectorized,
     "gemm_double_buffered": gemm04_double_buffered,
@@ -143,7 +143,8 @@ def ptx_report(cc=(9, 0)) -> dict:
 __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupported", "ceil_div",
            "conv2d_coalesced", "conv2d_naive", "conv2d_tiled", "filter2d_naive",
            "filter2d_tiled", "gemm_tiled", "ptx_report", "conv2d_register_blocked",
-           "conv2d_implicit_gemm", "conv2d_implicit_gemm_v4", "conv2d_implicit_gemm_pipelined",
+           "conv2d_implicit_gemm", "conv2d_implicit_gemm_double_buffered",
+           "conv2d_implicit_gemm_warp_tiled",
            "conv2d_implicit_gemm_tuned", "conv2d_implicit_gemm_cuda", "gemm_register_blocked",
            "gemm_vectorized", "gemm_double_buffered", "conv08_implicit_gemm_tuned",
            "conv09_implicit_gemm_cuda", "DEPTHWISE_LADDER", "SEPARABLE_LADDER", "conv2d_depthwise",

@@ -148,13 +148,19 @@ class ConvPlan:
     prm: object
     wt: object
     Cp: int
+    tile: tuple | None = None
 
 
 _PLANS: dict = {}
 
 
-def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK) -> ConvPlan:
-    """The cached ConvPlan of a launch (validated in full the first time a shape is seen)."""
+def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK,
+              pick=None) -> ConvPlan:
+    """The cached ConvPlan of a launch (validated in full the first time a shape is seen).
+
+    With `pick`, BM is a tile (BM, BN, ...) or None, and None means ``pick(ConvParams)``;
+    the plan's tile is the one chosen.
+    """
     try:
         key = (name, x.shape, w.shape, out.shape, stride, padding, dilation, groups, BM, BN,
                BK)
@@ -164,12 +170,16 @@ def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK) ->
     if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
         return plan
     p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
+    tile = None
+    if pick is not None:
+        tile = tuple(BM) if BM is not None else tuple(pick(p))
+        BM, BN = tile[0], tile[1]
     Cp = ceil_div(p.C, BK) * BK
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     prm = cuda.to_device(np.array([p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph,
                                    pw, dh, dw, Cp], dtype=np.int64))
     wt = cuda.device_array(p.R * p.S * Cp * p.K, dtype=np.float32)
-    plan = ConvPlan(p, conv_grid(p, BM, BN), prm, wt, Cp)
+    plan = ConvPlan(p, conv_grid(p, BM, BN), prm, wt, Cp, tile)
     if key is not None:
         if len(_PLANS) > 256:
             _PLANS.clear()

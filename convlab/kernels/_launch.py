@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import Unsupported  # noqa: F401  (re-exported: kernels raise it)
 from ..reference import ConvParams, conv_params
 
 # Argument types of the direct-conv kernels (x, w, y, stride, padding, dilation), for
 # compiling to PTX without a GPU (cuda.compile_ptx) and reading register counts.
 CONV_SIGNATURE = ("(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], "
                   "int64, int64, int64, int64, int64, int64)")
-
-
-class Unsupported(ValueError):
-    """This kernel does not handle the requested argument or shape."""
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -48,6 +45,20 @@ def conv_launch_params(name: str, x, w, out, stride, padding, dilation, groups,
     if tuple(out.shape) != p.out_shape:
         raise ValueError(f"{name}: out has shape {tuple(out.shape)}, expected {p.out_shape}")
     return p
+
+
+def direct_launch_args(name: str, x, w, out, stride, padding, dilation, groups):
+    """Validated ConvParams and the int32 scalars (C, H, W, K, P, Q, sh, sw, ph, pw, dh, dw)
+    of the flat direct-conv kernels, which index in 32 bits."""
+    p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
+    if max(x.size, w.size, out.size) >= 2**31:
+        raise Unsupported(f"{name}: tensors of 2**31 elements or more need 64-bit indices")
+    if p.N > 65535 or p.K > 65535:
+        raise Unsupported(f"{name}: N={p.N}, K={p.K}: the grid allows 65535 of each")
+    i32 = np.int32
+    scalars = tuple(i32(v) for v in (p.C, p.H, p.W, p.K, p.P, p.Q, *p.stride, *p.padding,
+                                     *p.dilation))
+    return p, scalars
 
 
 def chosen_launch(name: str, cache: dict, pick, x, w, out, stride, padding, dilation,

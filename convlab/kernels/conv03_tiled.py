@@ -1,4 +1,4 @@
-"""Ladder step 3: direct convolution from shared-memory tiles.
+"""Ladder step 3: the coalesced kernel of step 2, reading from shared-memory tiles.
 
 The naive kernels read every input value R*S*K times and every filter tap P*Q*N times
 from global memory. Here a block of TX x TY threads computes a TX x TY tile of output
@@ -9,21 +9,17 @@ channels CB at a time:
    its halo, (TY-1)*stride + (R-1)*dilation + 1 rows) for CB channels, and the KPT x CB
    x R x S filter taps, from global into shared memory;
 2. ``cuda.syncthreads()``: nobody reads the tiles before everybody has written them;
-3. every thread computes its pixel for the KPT output channels from shared memory: one
-   input value read from the tile feeds KPT multiply-adds (the taps are read by all
-   threads of a warp at the same address: a broadcast);
+3. every thread computes its pixel for the KPT output channels from shared memory (the
+   taps are read by all threads of a warp at one address: a broadcast; KPT of them
+   side by side, so four come in one 128-bit read);
 4. ``cuda.syncthreads()`` again, before the next channel block overwrites the tiles.
 
 Threads whose pixel lies outside the output (the last tiles of an odd-sized image)
 still help load and still reach every ``syncthreads``; they only skip the store.
 
-The tile shapes depend on the filter size, stride and dilation, and shared-memory
-arrays need their size at compile time, so `make_kernel` compiles (and caches) one
-kernel per (R, S, stride, dilation, tile) combination. Index arithmetic is kept in 32
-bits (Numba's default is 64) and cast to uint32 where it indexes, which removes Numba's
-negative-index checks (loop counters over unsigned bounds are unsigned too); arrays
-are passed flattened, so shapes beyond 2**31 elements are
-refused.
+Shared arrays need their size at compile time, and the tile depends on the filter size,
+stride and dilation, so `make_kernel` compiles (and caches) one kernel per combination.
+Index arithmetic is 32-bit and unsigned where it indexes (lesson 04's rule).
 """
 
 from __future__ import annotations
@@ -31,16 +27,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from ._blocking import unroll, unrolled
+from ._launch import Unsupported, ceil_div, direct_launch_args, launcher
 
-# (output channels per thread, input channels per shared-memory stage) and the tile's
-# width and height. The H200 sweep (tools/gpu/lesson06_sweep.py, run 2; results in
-# convlab/results/h200_lessons04_06.json) measured 28x7 k8 c4 fastest on the 128-channel
-# 28x28 layer: 0.634 ms, against 1.014 ms for c8, whose unrolled loads need 128 registers
-# per thread (74 for c4: more warps per SM to hide latency). The tile's width and height
-# are fitted to the output by `fit_tile` (on 28x28 outputs a 32x8 tile leaves 23% of its
-# threads idle, a 28x7 one none).
-TILE = dict(kpt=8, cb=4)
+# Output channels per thread and input channels per shared-memory stage.
+TILE = dict(kpt=1, cb=4)
+# Tile widths x heights to choose from (`fit_tile`): the one that idles fewest threads.
 TILE_SHAPES = ((32, 4), (32, 8), (28, 7), (16, 8), (16, 16), (14, 14), (8, 16))
 SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block
 
@@ -48,24 +40,23 @@ _CACHE: dict = {}
 
 
 def _align():
-    """16-byte alignment for the filter tile, so 4 taps load as one 128-bit shared read.
-
-    The simulator refuses an alignment argument, and it needs none.
-    """
+    """16 bytes for the filter tile (4 taps in one 128-bit read); None under the simulator,
+    which refuses the argument."""
     from ..runtime import is_simulator
 
     return None if is_simulator() else 16
 
 
-def tile_shapes(R, S, sh, sw, dh, dw, tx, ty, kpt, cb):
-    """(rows, columns) of the input tile, and the shared-memory bytes for cb channels."""
-    HI = (ty - 1) * sh + (R - 1) * dh + 1
+def tile_shapes(R, S, sh, sw, dh, dw, tx, ty, kpt, cb, pix=1):
+    """(rows, columns) of the input tile of a tx x (ty*pix) output tile, and the
+    shared-memory bytes for cb channels."""
+    HI = (ty * pix - 1) * sh + (R - 1) * dh + 1
     WI = (tx - 1) * sw + (S - 1) * dw + 1
     return HI, WI, 4 * cb * (HI * WI + R * S * kpt)
 
 
-def fit_tile(P: int, Q: int) -> tuple[int, int]:
-    """The (tx, ty) from TILE_SHAPES that wastes the fewest threads on a P x Q output.
+def fit_tile(P: int, Q: int, shapes=TILE_SHAPES) -> tuple[int, int]:
+    """The (tx, ty) of `shapes` that idles the fewest threads on a P x Q output.
 
     Ties go to the earlier (wider) shape: wide rows keep the loads coalesced.
     """
@@ -73,10 +64,10 @@ def fit_tile(P: int, Q: int) -> tuple[int, int]:
         tx, ty = shape
         return ceil_div(Q, tx) * tx * ceil_div(P, ty) * ty / (P * Q)
 
-    return min(TILE_SHAPES, key=waste)
+    return min(shapes, key=waste)
 
 
-def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=8, cb=8):
+def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=4, cb=4):
     """Compile (once) the tiled kernel for this filter size, stride, dilation and tile."""
     key = (R, S, sh, sw, dh, dw, tx, ty, kpt, cb)
     if key in _CACHE:
@@ -92,15 +83,14 @@ def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=8, cb=8):
     NW = cb * RS * kpt  # floats of filter tile
     NLX = -(-NX // NT)  # input loads per thread
     NLW = -(-NW // NT)  # filter loads per thread
-    # unsigned constants for the inner loops: Numba types a range over an unsigned value
-    # as unsigned, and unsigned indices need no negative-index check
+    # unsigned constants for the inner loops: a range over an unsigned value has an
+    # unsigned counter, and unsigned indices need no negative-index check
     U = np.uint32
     ALIGN = _align()
-    CBu, Ru, Su, KPTu, XTu, DHWI, DWu = U(cb), U(R), U(S), U(kpt), U(XT), U(dh * WI), U(dw)
+    Ru, Su, KPTu, XTu, DHWI, DWu = U(R), U(S), U(kpt), U(XT), U(dh * WI), U(dw)
 
-    @cuda.jit
-    def conv2d_tiled_kernel(x, w, y, C, H, W, K, P, Q, ph, pw):
-        # x, w, y flattened to 1-D (NCHW, KCRS, NKPQ); all sizes int32
+    def conv2d_tiled_kernel(x, w, y, C, H, W, K, P, Q, sh_, sw_, ph, pw, dh_, dw_):
+        # x, w, y flat (NCHW, KCRS, NKPQ); sizes int32; stride and dilation are compiled in
         xs = cuda.shared.array(NX, float32)  # [c][row][col]
         ws = cuda.shared.array(NW, float32, ALIGN)  # [c][r][s][k]: taps side by side
         t = uint32(cuda.threadIdx.y * tx + cuda.threadIdx.x)
@@ -157,10 +147,10 @@ def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=8, cb=8):
                     rem = i - kk * (cb * RS)
                     ws[rem * kpt + kk] = wv[it]
             cuda.syncthreads()  # 2. the tiles are complete
-            # 3. KPT outputs from shared memory (unsigned loop counters: see module doc)
-            for c in range(CBu):
-                for r in range(Ru):
-                    for s in range(Su):
+            # 3. KPT outputs from shared memory
+            for c in unroll(cb):
+                for r in unroll(R):
+                    for s in unroll(S):
                         a = xs[base + c * XTu + r * DHWI + s * DWu]
                         wb = ((c * Ru + r) * Su + s) * KPTu
                         for kk in range(KPTu):
@@ -172,22 +162,18 @@ def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=8, cb=8):
                 if k < K:
                     y[uint32(((n * K + k) * P + p) * Q + q)] = acc[kk]
 
-    _CACHE[key] = conv2d_tiled_kernel
-    return conv2d_tiled_kernel
+    kernel = cuda.jit(unrolled(conv2d_tiled_kernel))
+    _CACHE[key] = kernel
+    return kernel
 
 
-def launch(x, w, out, stride=1, padding=0, dilation=1, groups=1, *, tx=None, ty=None, kpt=8,
-           cb=8):
-    """Run the tiled conv with an explicit tile (the sweep and the lessons use it).
-
-    tx, ty None: fitted to the output by `fit_tile`.
-    """
-    p = conv_launch_params("conv2d_tiled", x, w, out, stride, padding, dilation, groups)
+def launch(x, w, out, stride=1, padding=0, dilation=1, groups=1, *, tx=None, ty=None, kpt=4,
+           cb=4):
+    """Run the tiled conv with an explicit tile (tx, ty None: fitted by `fit_tile`)."""
+    p, args = direct_launch_args("conv2d_tiled", x, w, out, stride, padding, dilation, groups)
     if tx is None or ty is None:
         tx, ty = fit_tile(p.P, p.Q)
-    if max(x.size, w.size, out.size) >= 2**31:
-        raise Unsupported("conv2d_tiled: tensors of 2**31 elements or more need 64-bit indices")
-    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    (sh, sw), (dh, dw) = p.stride, p.dilation
     _, _, nbytes = tile_shapes(p.R, p.S, sh, sw, dh, dw, tx, ty, kpt, 1)
     cb = min(cb, SHARED_LIMIT // nbytes)  # fewer channels per stage for big receptive fields
     if cb < 1:
@@ -195,23 +181,18 @@ def launch(x, w, out, stride=1, padding=0, dilation=1, groups=1, *, tx=None, ty=
                           f"filter, stride {p.stride}, dilation {p.dilation} needs {nbytes} "
                           f"bytes of shared memory (limit {SHARED_LIMIT})")
     grid = (ceil_div(p.P, ty) * ceil_div(p.Q, tx), ceil_div(p.K, kpt), p.N)
-    if grid[1] > 65535 or grid[2] > 65535:
-        raise Unsupported(f"conv2d_tiled: grid {grid} too large")
     k = make_kernel(p.R, p.S, sh, sw, dh, dw, tx, ty, kpt, cb)
-    i32 = np.int32
-    k[grid, (tx, ty)](x.reshape(x.size), w.reshape(w.size), out.reshape(out.size),
-                      i32(p.C), i32(p.H), i32(p.W), i32(p.K), i32(p.P), i32(p.Q), i32(ph),
-                      i32(pw))
+    k[grid, (tx, ty)](x.reshape(x.size), w.reshape(w.size), out.reshape(out.size), *args)
     return out
 
 
 @launcher
 def conv2d_tiled(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-    """Input tile + halo and a block of filters in shared memory; KPT channels per thread."""
+    """Input tile + halo and a block of filters in shared memory; KPT filters per thread."""
     return launch(x, w, out, stride, padding, dilation, groups, **TILE)
 
 
-# For PTX reports: the default tile, 3x3 filter, stride 1.
+# For PTX reports: the 28x7 tile, 3x3 filter, stride 1.
 KERNEL = make_kernel(3, 3, 1, 1, 1, 1, 28, 7, **TILE)
 SIGNATURE = ("(float32[::1], float32[::1], float32[::1], int32, int32, int32, int32, int32, "
-             "int32, int32, int32)")
+             "int32, int32, int32, int32, int32, int32, int32)")

@@ -19,7 +19,7 @@ fast; the kernel code is the same.
 from __future__ import annotations
 
 from ..runtime import is_simulator
-from . import conv07_implicit_gemm_pipelined as c7
+from . import conv07_implicit_gemm_warp_tiled as c7
 from ._launch import chosen_launch, launcher
 
 _CHOICE: dict = {}
@@ -35,10 +35,10 @@ def heuristic(p) -> c7.Config:
 
 def choose(p) -> c7.Config:
     """The tile shape for ConvParams p: the H200 autotuning table, else `heuristic`."""
-    from .. import autotune
+    from .. import results
 
     if not is_simulator():
-        cfg = autotune.stored("numba").get(autotune.problem_key(p))
+        cfg = results.tuned("numba").get(results.problem_key(p))
         if cfg:
             return c7.Config(**cfg)
     return heuristic(p)

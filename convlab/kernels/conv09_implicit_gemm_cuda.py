@@ -12,7 +12,7 @@ What pure Numba cannot express, and this version uses:
 - 32-bit index arithmetic, ``#pragma unroll`` and templates: the tile shape is a
   compile-time constant, and every shape is one instantiation of one source.
 
-The algorithm is the one of `conv07_implicit_gemm_pipelined`: reduction ordered
+The algorithm is the one of `conv07_implicit_gemm_warp_tiled`: reduction ordered
 (r, s, c), filters rearranged once per call into a (R*S*Cp, Kp) matrix padded with zeros
 (Cp: channels rounded up to BK, Kp: filters rounded up to BM) so that the filter loads
 need no bounds test; a block computes BM filters x BN output pixels, a thread 8x8 of
@@ -391,9 +391,9 @@ def heuristic(p) -> Config:
 
 def choose(p) -> Config:
     """The tile shape for ConvParams p: the H200 autotuning table, else `heuristic`."""
-    from .. import autotune
+    from .. import results
 
-    cfg = autotune.stored("cuda").get(autotune.problem_key(p))
+    cfg = results.tuned("cuda").get(results.problem_key(p))
     return Config(**cfg) if cfg else heuristic(p)
 
 

@@ -1,58 +1,14 @@
-"""Execute the lesson notebooks on a real GPU at full size and keep their outputs.
+"""Execute the lesson notebooks on a real GPU and keep their outputs (see
+convlab/measure/notebooks.py; the same as ``python -m convlab measure notebooks``).
 
     python3 tools/gpu/run_notebooks.py OUTDIR [notebooks/04_*.ipynb ...]
-
-Appends each executed notebook to OUTDIR/notebooks.tar as soon as it finishes (so a run
-cut short by a time limit keeps what finished; commit them as lesson outputs) and a line
-per notebook (cells, seconds, errors) to OUTDIR/notebooks.log. A notebook that raises is
-still saved, with its error, and reported.
 """
 
-import io
-import os
 import sys
-import tarfile
-import time
 from pathlib import Path
 
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def main() -> int:
-    out = Path(sys.argv[1])
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [Path(p) for p in sys.argv[2:]] or sorted((ROOT / "notebooks").glob("*.ipynb"))
-    env = dict(os.environ, CONVLAB_MODE="gpu")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    failed = 0
-    (out / "notebooks.log").write_text("")
-    for path in paths:
-        nb = nbformat.read(path, as_version=4)
-        client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
-        t0, err = time.monotonic(), ""
-        try:
-            client.execute(env=env, cwd=str(path.parent))
-        except CellExecutionError as e:
-            err, failed = str(e).splitlines()[-1][:300], failed + 1
-        except Exception as e:  # noqa: BLE001  (report and keep going)
-            err, failed = f"{type(e).__name__}: {e}"[:300], failed + 1
-        line = (f"{path.name}: {sum(c.cell_type == 'code' for c in nb.cells)} code cells, "
-                f"{time.monotonic() - t0:.1f} s{', ERROR ' + err if err else ''}")
-        print(line, flush=True)
-        with open(out / "notebooks.log", "a") as f:
-            f.write(line + "\n")
-        data = nbformat.writes(nb).encode()
-        info = tarfile.TarInfo(f"notebooks/{path.name}")
-        info.size = len(data)
-        with tarfile.open(out / "notebooks.tar", "a") as tar:
-            tar.addfile(info, io.BytesIO(data))
-    return 1 if failed else 0
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from convlab.measure.notebooks import run_notebooks  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_notebooks(sys.argv[1], sys.argv[2:]))

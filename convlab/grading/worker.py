@@ -1,0 +1,199 @@
+"""The learner's side of a graded call (imported only in the grading kernel).
+
+The grader runs one-line cells such as ``...worker.call(7)``: read request 7 from the
+inbox, call the learner's function on its inputs, write what came out (the return
+value and every array argument afterwards) to the outbox. Nothing here decides
+anything: the grader compares what it reads back with its own reference. A traced
+call also records memory-access facts with `convlab.trace` for the grader to check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import sys
+import traceback
+
+from . import wire
+
+_cfg: dict = {}
+
+
+def install(config_path: str) -> None:
+    """Read the grader's settings and set up the in-process guard rails (second layer)."""
+    if _cfg:
+        raise RuntimeError("the grading worker is already installed")
+    with open(config_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    from . import sandbox
+
+    _cfg.update(cfg, guard=sandbox.install(cfg.get("sandbox", {})))
+
+
+def _ns() -> dict:
+    try:
+        return get_ipython().user_ns  # noqa: F821  (inside IPython)
+    except NameError:
+        return vars(sys.modules["__main__"])
+
+
+def _reply(n: int, data: dict) -> None:
+    path = os.path.join(_cfg["outbox"], f"resp-{n}.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _error(e: BaseException) -> dict:
+    tb = traceback.extract_tb(e.__traceback__)
+    where = [f"{os.path.basename(fr.filename)}:{fr.lineno}" for fr in tb[-3:]]
+    return {"ok": False, "ename": type(e).__name__, "evalue": str(e)[:2000], "where": where}
+
+
+def describe(n: int, name: str) -> None:
+    """What the grader needs to know to call `name`: callable, signature, flags."""
+    ns = _ns()
+    if name not in ns:
+        return _reply(n, {"ok": True, "missing": True})
+    obj = ns[name]
+    out = {"ok": True, "missing": False, "callable": callable(obj),
+           "name": str(getattr(obj, "__name__", name))[:200],
+           "device": getattr(obj, "device", False) is True, "params": None}
+    if not callable(obj):
+        try:
+            enc = wire.Encoder(_cfg["outbox"], f"val{n}")
+            out["value"] = enc(obj)
+        except Exception as e:  # noqa: BLE001
+            out["value_error"] = f"{type(e).__name__}: {e}"[:500]
+        return _reply(n, out)
+    try:
+        sig = inspect.signature(obj)
+        params = []
+        for p in sig.parameters.values():
+            default = None
+            if p.default is not p.empty:
+                d = p.default
+                default = [d] if d is None or isinstance(d, (bool, int, float, str)) else [None]
+            params.append([p.name, int(p.kind), default])
+        out["params"] = params
+    except (TypeError, ValueError):
+        pass
+    return _reply(n, out)
+
+
+def _to_device(a):
+    from numba import cuda
+
+    return cuda.to_device(a)
+
+
+def call(n: int) -> None:
+    """Run request `n` of the inbox on the learner's function; write reply `n`."""
+    try:
+        req = wire.read_json(os.path.join(_cfg["inbox"], f"req-{n}.json"))
+        fn = _ns()[req["name"]]
+        dec = wire.Decoder(_cfg["inbox"], 1 << 34, to_device=_to_device)
+        args = [dec(a) for a in req["args"]]
+        kwargs = {k: dec(v) for k, v in req["kwargs"]}
+        device = any(isinstance(a, dict) and a.get("dev") for a in
+                     [*req["args"], *(v for _, v in req["kwargs"])])
+    except Exception as e:  # noqa: BLE001
+        return _reply(n, {"ok": False, "ename": "GraderRequestError", "evalue": str(e)})
+    guard = _cfg["guard"]
+    trace_facts = None
+    copies = _HostCopies([*args, *kwargs.values()]) if device and not req.get("trace") else None
+    try:
+        with guard(), (copies or contextlib.nullcontext()):
+            if req.get("trace"):
+                from convlab import trace
+
+                t = trace.trace_launch(fn, *args, **kwargs)
+                result = t.result
+            else:
+                result = fn(*args, **kwargs)
+            if device or any(wire._is_device_array(a) for a in args):
+                from numba import cuda
+
+                cuda.synchronize()
+        if copies is not None and copies.n:
+            return _reply(n, {"ok": False, "ename": "HostCopyError", "evalue": (
+                f"{copies.n} device-to-host copies of arrays inside the graded call: "
+                "the task asks for the work on the GPU (no copying to NumPy and back)")})
+        if req.get("trace"):
+            trace_facts = facts(t)
+    except Exception as e:  # noqa: BLE001  (the learner's error goes back to the grader)
+        err = _error(e)
+        if req.get("trace") and type(e).__name__ == "TraceError":
+            err["trace_error"] = True
+        return _reply(n, err)
+    try:
+        enc = wire.Encoder(_cfg["outbox"], f"r{n}")
+        def back(a):
+            return enc(a) if hasattr(a, "shape") and hasattr(a, "dtype") else None
+
+        out = {"ok": True, "result": enc(result), "args": [back(a) for a in args],
+               "kwargs": [[k, back(v)] for k, v in kwargs.items()]}
+        if trace_facts is not None:
+            out["trace"] = enc(trace_facts)
+    except Exception as e:  # noqa: BLE001
+        return _reply(n, {"ok": False, "ename": "WireError", "evalue": str(e)})
+    return _reply(n, out)
+
+
+class _HostCopies:
+    """Counts device-to-host copies while a graded GPU call runs (an in-process check:
+    it catches the plain CPU offload, not a learner who restores the method)."""
+
+    def __init__(self, arrays):
+        self.n = 0
+        self.classes = {type(a) for a in arrays if wire._is_device_array(a)}
+        self.saved = {}
+
+    def __enter__(self):
+        for cls in self.classes:
+            original = cls.copy_to_host
+            self.saved[cls] = original
+
+            def counted(arr, *a, _original=original, **k):
+                self.n += 1
+                return _original(arr, *a, **k)
+
+            cls.copy_to_host = counted
+        return self
+
+    def __exit__(self, *exc):
+        for cls, original in self.saved.items():
+            cls.copy_to_host = original
+        return False
+
+
+def facts(t) -> dict:
+    """What the technique checks ask a `convlab.trace.Trace`, as plain values."""
+    import numpy as np
+
+    def attempt(f, *a, **k):
+        try:
+            return {"v": f(*a, **k)}
+        except Exception as e:  # noqa: BLE001
+            return {"e": f"{e}"[:500]}
+
+    g = [dict(r) for r in t.global_stats()]
+    s = [dict(r) for r in t.shared_stats()]
+    arrays = [{"name": a.name, "aliases": list(a.aliases), "shape": list(a.shape)}
+              for a in t.arrays]
+    counts = {}
+    for name in sorted({r["array"] for r in g}):
+        for kind in ("load", "store"):
+            c = attempt(t.load_counts, name, kind=kind)
+            if "v" in c:
+                c["v"] = np.asarray(c["v"], np.int64)
+            counts[f"{kind}:{name}"] = c
+    return {"global_stats": g, "shared_stats": s, "arrays": arrays, "counts": counts,
+            "sectors": {k: attempt(t.sectors_per_request, k) for k in ("load", "store")},
+            "conflicts": {str(k): attempt(t.bank_conflicts, kind=k)
+                          for k in (None, "load", "store")},
+            "races": [str(r)[:1000] for r in t.races()[:20]],
+            "n_races": len(t.races())}

@@ -1,0 +1,186 @@
+"""GPU time of short kernels, transfers and launch overhead (lessons 04-06).
+
+Why `time_gpu_queued` exists: launching a Numba kernel from Python costs the CPU about
+20-40 µs. `bench.time_gpu` launches a kernel many times in a row and divides the event
+time by the number of launches; when the kernel is shorter than its launch, the GPU
+waits for the CPU between kernels and the result is the *launch rate*, not the kernel.
+`time_gpu_queued` first launches a "spin" kernel that keeps the GPU busy until all the
+timed launches are queued behind it, so the events see the kernels back to back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..bench import Timing, require_gpu
+from ..runtime import cuda
+
+_K: dict = {}
+
+
+def _kernels():
+    if _K:
+        return _K
+    c = cuda()
+    from numba import float32
+
+    @c.jit
+    def spin(out, n):
+        # one thread, one dependent chain of multiply-adds: n * ~4 cycles of GPU time
+        x = out[0]
+        for _ in range(n):
+            x = x * float32(0.9999999) + float32(1e-7)
+        out[0] = x
+
+    @c.jit
+    def empty(a):
+        pass
+
+    _K.update(spin=spin, empty=empty)
+    return _K
+
+
+def _spin_ns_per_iter() -> float:
+    if "ns_per_iter" not in _K:
+        c = cuda()
+        k = _kernels()["spin"]
+        buf = c.to_device(np.ones(1, np.float32))
+        k[1, 1](buf, 10)
+        c.synchronize()
+        n = 200_000
+        start, end = c.event(), c.event()
+        start.record()
+        k[1, 1](buf, n)
+        end.record()
+        end.synchronize()
+        _K["ns_per_iter"] = c.event_elapsed_time(start, end) * 1e6 / n
+        _K["buf"] = buf
+    return _K["ns_per_iter"]
+
+
+def launch_cost_us(fn, *args, calls: int = 200, **kwargs) -> float:
+    """CPU time of one asynchronous call of fn from Python (µs): the launch overhead."""
+    require_gpu("launch_cost_us")
+    c = cuda()
+    fn(*args, **kwargs)
+    c.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    us = (time.perf_counter() - t) / calls * 1e6
+    c.synchronize()
+    return us
+
+
+def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Timing:
+    """GPU time of fn (ms), with `calls` launches queued behind a spin kernel.
+
+    The spin kernel runs until all `calls` launches are in the queue (checked: its end
+    event must still be pending when the last launch returns; if not, the spin doubles
+    and the sample is taken again), so the kernels run back to back and the events
+    measure the GPU, not Python.
+    """
+    require_gpu("time_gpu_queued")
+    c = cuda()
+    k = _kernels()["spin"]
+    ns = _spin_ns_per_iter()
+    for _ in range(3):
+        fn(*args, **kwargs)
+    c.synchronize()
+    cpu_ms = launch_cost_us(fn, *args, calls=calls, **kwargs) * calls / 1e3
+    spin_ms = 2 * cpu_ms + 0.2
+    start, end, spun = c.event(), c.event(), c.event()
+    samples = []
+    tries = 0
+    while len(samples) < repeat:
+        k[1, 1](_K["buf"], int(spin_ms * 1e6 / ns))
+        spun.record()
+        start.record()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        end.record()
+        covered = not spun.query()  # the spin is still running: the queue was full
+        end.synchronize()
+        if covered:
+            samples.append(c.event_elapsed_time(start, end) / calls)
+        else:
+            spin_ms *= 2
+            tries += 1
+            if tries > 6:
+                raise RuntimeError("time_gpu_queued: could not keep the GPU queue full")
+    return Timing(samples, f"cuda events, {calls} calls queued behind a spin kernel, "
+                           f"median of {repeat}")
+
+
+def transfer_table(sizes=(2**12, 2**16, 2**20, 2**24, 2**28), repeat: int = 7) -> list:
+    """Host <-> device copy time and GB/s for pageable and pinned host memory."""
+    require_gpu("transfer_table")
+    c = cuda()
+    from ..bench import time_gpu
+
+    rows = []
+    for nbytes in sizes:
+        n = nbytes // 4
+        h = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        hp = c.pinned_array(n, dtype=np.float32)
+        hp[:] = h
+        d = c.device_array(n, dtype=np.float32)
+        row = dict(bytes=nbytes)
+        for label, fn in (("h2d_pageable", lambda d=d, h=h: d.copy_to_device(h)),
+                          ("h2d_pinned", lambda d=d, hp=hp: d.copy_to_device(hp)),
+                          ("d2h_pageable", lambda d=d, h=h: d.copy_to_host(h)),
+                          ("d2h_pinned", lambda d=d, hp=hp: d.copy_to_host(hp))):
+            ms = time_gpu(fn, warmup=2, repeat=repeat, group_ms=0.0).median_ms
+            row[label] = dict(ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
+        rows.append(row)
+    return rows
+
+
+def wall_vs_events(fn, *args, repeat: int = 5, **kwargs) -> dict:
+    """The same kernel timed four ways: first call, wall clock without and with
+    synchronize, CUDA events. Only the last two measure the kernel."""
+    require_gpu("wall_vs_events")
+    c = cuda()
+    from ..bench import time_gpu
+
+    t = time.perf_counter()
+    fn(*args, **kwargs)
+    c.synchronize()
+    first = (time.perf_counter() - t) * 1e3  # includes compiling the kernel, if new
+    nosync, withsync = [], []
+    for _ in range(repeat):
+        c.synchronize()
+        t = time.perf_counter()
+        fn(*args, **kwargs)  # returns as soon as the launch is queued
+        nosync.append((time.perf_counter() - t) * 1e3)
+        c.synchronize()
+        t = time.perf_counter()
+        fn(*args, **kwargs)
+        c.synchronize()  # waits for the kernel to finish
+        withsync.append((time.perf_counter() - t) * 1e3)
+    ev = time_gpu(fn, *args, **kwargs)
+    return dict(first_call_wall_ms=first, wall_no_sync_ms=float(np.median(nosync)),
+                wall_sync_ms=float(np.median(withsync)), events_ms=ev.median_ms,
+                events_spread=ev.spread)
+
+
+def launch_overhead() -> dict:
+    """Launch cost from Python (CPU µs per call) and an empty kernel's GPU time."""
+    require_gpu("launch_overhead")
+    c = cuda()
+    k = _kernels()["empty"]
+    d = c.device_array(1024, dtype=np.float32)
+    h = np.zeros(1024, np.float32)
+    import warnings
+
+    from ..bench import time_gpu
+
+    with warnings.catch_warnings():  # Numba warns about the tiny grid and the NumPy argument
+        warnings.simplefilter("ignore")
+        return dict(
+            empty_device_arg_cpu_us=launch_cost_us(lambda: k[1, 32](d)),
+            empty_numpy_arg_cpu_us=launch_cost_us(lambda: k[1, 32](h), calls=20),
+            empty_events_back_to_back_us=time_gpu(lambda: k[1, 32](d)).median_ms * 1e3,
+            empty_gpu_queued_us=time_gpu_queued(lambda: k[1, 32](d), calls=50).median_ms * 1e3)

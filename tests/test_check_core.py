@@ -1,0 +1,61 @@
+"""convlab.check.core: reference_case, and the exceptions' homes (convlab.errors)."""
+
+import numpy as np
+import pytest
+
+from convlab import check, errors
+from convlab import reference as ref
+
+
+def _rand(shape, seed=0):
+    return check.random_array(shape, np.random.default_rng(seed))
+
+
+def test_reference_case_is_the_float64_conv_and_its_absolute_twin():
+    x, w = _rand((2, 3, 7, 9)), _rand((4, 3, 3, 2), 1)
+    c = check.reference_case(x, w, stride=(2, 1), padding=1)
+    assert c["inputs"][0] is x and c["kwargs"] == dict(stride=(2, 1), padding=1)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    assert np.array_equal(c["expected"], ref.conv2d(x64, w64, stride=(2, 1), padding=1))
+    assert np.array_equal(c["absref"], ref.conv2d(np.abs(x64), np.abs(w64), stride=(2, 1),
+                                                  padding=1))
+    assert c["expected"].dtype == np.float64 and (c["absref"] >= np.abs(c["expected"])).all()
+    assert c["reduction"] == 3 * 3 * 2
+    assert c["label"] == "x(2, 3, 7, 9) w(4, 3, 3, 2) stride=(2, 1) padding=1"
+
+
+def test_reference_case_other_operations_and_reference_only_arguments():
+    a, b = _rand((5, 7)), _rand((7, 3), 1)
+    g = check.reference_case(a, b, op=np.matmul, reduction=7, label="gemm")
+    assert np.allclose(g["expected"], a.astype(np.float64) @ b) and g["reduction"] == 7
+    x, w = _rand((1, 4, 6, 6)), _rand((4, 1, 3, 3), 2)  # depthwise: groups for the reference only
+    d = check.reference_case(x, w, padding=1, reference_kwargs=dict(groups=4))
+    assert d["kwargs"] == {"padding": 1} and d["reduction"] == 9
+    assert np.allclose(d["expected"], ref.conv2d(x.astype(np.float64), w.astype(np.float64),
+                                                 padding=1, groups=4))
+
+
+def test_a_wrong_answer_fails_against_the_case():
+    x, w = _rand((1, 2, 6, 5)), _rand((3, 2, 3, 3), 1)
+    c = check.reference_case(x, w, padding=1)
+    good = c["expected"].astype(np.float32)
+    assert check.compare(good, c["expected"], c["absref"], c["reduction"]).ok
+    bad = good.copy()
+    bad[0, 1, 2, 3] += 1e-3 * float(c["absref"][0, 1, 2, 3])  # one term of 18 off
+    comp = check.compare(bad, c["expected"], c["absref"], c["reduction"])
+    assert not comp.ok and comp.first_bad == (0, 1, 2, 3)
+
+
+def test_errors_live_in_the_leaf_module():
+    assert check.CheckError is errors.CheckError and issubclass(errors.CheckError, AssertionError)
+    assert issubclass(errors.Unsupported, ValueError)
+    e = errors.CheckError("report", comparison="c")
+    assert (e.report, e.comparison, str(e)) == ("report", "c", "report")
+    from convlab.kernels import Unsupported
+    from convlab.kernels._launch import Unsupported as launch_unsupported
+
+    assert Unsupported is launch_unsupported is errors.Unsupported
+    with pytest.raises(errors.Unsupported, match="groups=2"):
+        from convlab import cpu
+
+        cpu.conv2d_loops(_rand((1, 2, 5, 5)), _rand((2, 1, 3, 3)), groups=2)

@@ -1,0 +1,66 @@
+"""convlab.check.traced: the traced technique checks tell the course's kernels apart
+(global loads per output, bank conflicts). Quick under the simulator: small launches.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from convlab import check  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_conv():
+    from convlab.runtime import cuda
+
+    c = cuda()
+    rng = np.random.default_rng(4)
+    x = c.to_device(check.random_array((1, 4, 8, 8), rng))
+    w = c.to_device(check.random_array((32, 4, 3, 3), rng))
+    return x, w, c.device_array((1, 32, 8, 8), np.float32)
+
+
+def test_check_loads_per_output_tells_register_blocking_from_naive(small_conv):
+    from convlab import kernels
+
+    x, w, out = small_conv
+    # naive: every output loads C*R*S values of x and of w (fewer at the padded border)
+    with pytest.raises(check.CheckError, match="global-memory loads per output"):
+        check.check_loads_per_output(kernels.conv2d_naive, x, w, out, padding=1,
+                                     max_per_output=20, quiet=True)
+    line = check.check_loads_per_output(kernels.conv2d_register_blocked, x, w, out, padding=1,
+                                        max_per_output=20, quiet=True)
+    assert float(line.split(": ")[2].split()[0]) < 10  # 36 / 8 filters + the staged filters
+    # of x alone, by the launcher's argument name: 36 taps / 8 filters per thread
+    line = check.check_loads_per_output(kernels.conv2d_register_blocked, x, w, out, padding=1,
+                                        array="x", max_per_output=4.5, quiet=True)
+    assert 3.0 < float(line.split(": ")[2].split()[0]) <= 4.5
+    with pytest.raises(check.CheckError, match="cannot find the array 'img'"):
+        check.check_loads_per_output(kernels.conv2d_register_blocked, x, w, out, padding=1,
+                                     array="img", max_per_output=4.5, quiet=True)
+    # shared memory: conv04 reads its 8 filter values per tap from shared memory
+    line = check.check_loads_per_output(kernels.conv2d_register_blocked, x, w, out, padding=1,
+                                        space="shared", max_per_output=40, quiet=True)
+    assert "shared-memory loads" in line
+    # conv05 writes its rearranged filters to global memory: not only the output
+    with pytest.raises(check.CheckError, match="writes 2 global arrays"):
+        check.check_loads_per_output(kernels.conv2d_implicit_gemm, x, w, out, padding=1,
+                                     max_per_output=20, quiet=True)
+
+
+def test_check_bank_conflicts_tells_the_layouts_apart():
+    from convlab.kernels import GEMM_LADDER
+    from convlab.runtime import cuda
+
+    c = cuda()
+    rng = np.random.default_rng(5)
+    a = c.to_device(check.random_array((64, 16), rng))
+    b = c.to_device(check.random_array((16, 64), rng))
+    out = c.device_array((64, 64), np.float32)
+    with pytest.raises(check.CheckError, match="3.00-way"):  # As 2-way, Bs 4-way
+        check.check_bank_conflicts(GEMM_LADDER["register_blocked"], a, b, out, quiet=True)
+    assert "1.00-way" in check.check_bank_conflicts(GEMM_LADDER["double_buffered"], a, b, out,
+                                                    quiet=True)

@@ -1,0 +1,123 @@
+"""convlab.ladder without a GPU: the tables, % of the roofline, the summary, the files a
+run writes, and the ladder itself under the simulator with a fake clock."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from convlab import ladder, problems
+from convlab.measure import FakeClock
+
+
+def _result():
+    """A small made-up run: two layers, a not-timed row, a GEMM ladder, a batch sweep."""
+    def row(name, ms, tflops, pct):
+        return dict(name=name, kind="course", ms=ms, spread=0.01, tflops=tflops, gbps=10.0,
+                    max_rel_err=1e-7, pct_of_baseline=pct)
+
+    lads = [dict(problem="64ch 56x56: x (32, 64, 56, 56)", flops=7_400_000_000,
+                 bytes=52_000_000, baseline="cuDNN fp32",
+                 rows=[row("implicit_gemm_tuned", 0.25, 29.6, 96.0),
+                       row("implicit_gemm_cuda", 0.2, 37.0, 120.0),
+                       row("cuDNN fp32", 0.24, 30.8, 100.0), row("cuDNN fp16", 0.05, 148.0, None)],
+                 not_timed=[dict(name="mine", stage="check", error="CheckError: wrong at 0")]),
+            dict(problem="128ch 28x28: x (32, 128, 28, 28)", flops=7_400_000_000,
+                 bytes=26_000_000, baseline="cuDNN fp32",
+                 rows=[row("implicit_gemm_tuned", 0.27, 27.4, 50.0),
+                       row("implicit_gemm_cuda", 0.19, 38.9, 71.0),
+                       row("cuDNN fp32", 0.134, 55.2, 100.0)],
+                 not_timed=["old: NOT TIMED: a line from an older stored run"])]
+    return dict(device="Made-up GPU", date="2026-01-01", ceilings=dict(copy_gbps=4000.0,
+                                                                       fma_tflops=45.0),
+                ladders=lads,
+                gemm_ladder=dict(n=64, rows=[dict(name="tiled", ms=2.0, spread=0.0, tflops=1.0,
+                                                  max_rel_err=1e-7, pct_cublas=25.0),
+                                             dict(name="double_buffered", ms=0.7, spread=0.0,
+                                                  tflops=3.9, max_rel_err=1e-7, pct_cublas=71.0),
+                                             dict(name="cuBLAS", ms=0.5, spread=0.0, tflops=5.5,
+                                                  max_rel_err=1e-7, pct_cublas=100.0)],
+                                 errors={"broken": "CheckError: wrong"}),
+                batch_sweep=dict(batches=[32, 64], rows=[
+                    dict(layer="64ch 56x56", batch=b, ms={"cuDNN fp32": 0.24 * b / 32,
+                                                          "implicit_gemm_cuda": 0.2 * b / 32},
+                         pct_cudnn={"cuDNN fp32": 100.0, "implicit_gemm_cuda": 120.0},
+                         errors={}) for b in (32, 64)]))
+
+
+def test_roofline_pct_uses_the_best_fp32_rate_when_a_library_beats_the_ceiling():
+    res = _result()
+    ladder.add_roofline_pct(res)
+    assert res["roofline_fp32_tflops"] == 55.2  # cuDNN fp32 beat the 45 TFLOP/s ceiling
+    lad = res["ladders"][1]
+    bound = min(55.2, lad["flops"] / lad["bytes"] * 4000 / 1e3)
+    assert lad["roofline_tflops"] == pytest.approx(bound)
+    r = lad["rows"][0]
+    assert r["pct_roofline"] == pytest.approx(100 * r["tflops"] / bound)
+
+
+def test_print_results_shows_every_table_and_the_not_timed_rows(capsys):
+    res = _result()
+    ladder.add_roofline_pct(res)
+    ladder.print_results(res)
+    out = capsys.readouterr().out
+    assert "mine: not timed (check): CheckError: wrong at 0" in out
+    assert "old: NOT TIMED: a line from an older stored run" in out
+    assert "GEMM 64^3" in out and "broken" in out and "NOT TIMED" in out
+    assert "batch sweep" in out and "0.2000 (120.0%)" in out
+    for lad in res["ladders"]:
+        for r in lad["rows"]:
+            assert r["name"] in out
+
+
+def test_summary_keeps_the_headline_numbers():
+    s = ladder.summary(_result())
+    assert s["implicit_gemm_cuda"]["pct_cudnn"] == [120.0, 71.0]
+    assert s["implicit_gemm_cuda"]["geomean"] == pytest.approx(math.sqrt(120 * 71))
+    assert s["implicit_gemm_tuned"]["min"] == 50.0
+    assert s["gemm_best_numba"] == dict(name="double_buffered", pct_cublas=71.0, tflops=3.9)
+    res = _result()
+    res["ladders"][1]["rows"] = res["ladders"][1]["rows"][1:]  # tuned missing on one layer
+    assert "implicit_gemm_tuned" not in ladder.summary(res)
+
+
+def test_save_results_writes_the_json_and_the_pictures(tmp_path):
+    res = _result()
+    ladder.add_roofline_pct(res)
+    paths = ladder.save_results(res, tmp_path / "run")
+    names = sorted(p.name for p in paths)
+    assert names == ["batch_sweep.png", "gemm_ladder.png", "ladder.json", "ladder.png",
+                     "roofline.png"]
+    assert json.loads((tmp_path / "run" / "ladder.json").read_text()) == res
+    del res["batch_sweep"], res["gemm_ladder"]  # a run without them: fewer pictures
+    paths = ladder.save_results(res, tmp_path / "short")
+    assert sorted(p.name for p in paths) == ["ladder.json", "ladder.png", "roofline.png"]
+
+
+def test_environment_says_simulator():
+    env = ladder.environment()
+    assert env["device"] == "simulator" and env["versions"]["numpy"]
+
+
+def test_run_ladder_under_the_simulator_with_a_fake_clock(tmp_path, capsys):
+    from convlab.kernels import CONV_LADDER, GEMM_LADDER
+
+    def refuses(x, w, out, **kw):
+        raise ValueError("this kernel refuses the layer")
+
+    kernels = {"coalesced": CONV_LADDER["coalesced"], "refuses": refuses}
+    res = ladder.run_ladder(("resnet256",), out_dir=tmp_path, repeat=2, kernels=kernels,
+                            batches=(1,), sweep_kernels={"refuses": refuses},
+                            gemm_kernels={"tiled": GEMM_LADDER["tiled"]}, gemm_n=16,
+                            clock=FakeClock(ms=2.0))
+    (lad,) = res["ladders"]
+    assert lad["problem"] == str(problems.conv_layer("resnet256"))
+    assert [r["name"] for r in lad["rows"]] == ["coalesced"] and lad["rows"][0]["ms"] == 2.0
+    assert lad["not_timed"] == [dict(name="refuses", stage="check",
+                                     error="ValueError: this kernel refuses the layer")]
+    assert res["gemm_ladder"]["rows"][0]["name"] == "tiled"
+    assert "refuses" in res["batch_sweep"]["rows"][0]["errors"]
+    assert json.loads((tmp_path / "ladder.json").read_text())["ladders"][0]["not_timed"]
+    assert "refuses: not timed (check)" in capsys.readouterr().out
