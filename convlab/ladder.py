@@ -542,3 +542,38 @@ def plot_batch_sweep(result: dict, path=None):
     if path:
         fig.savefig(path, dpi=120)
     return fig
+
+
+# The one idea each conv rung adds to the rung before it.
+RUNG_IDEAS = {
+    "naive": "one thread per output, 32-bit flat indices, compile-time R x S",
+    "coalesced": "neighbouring threads on neighbouring output columns",
+    "tiled": "input tile + halo and filter taps staged in shared memory",
+    "register_blocked": "4 rows x 16 filters of outputs per thread (outer products)",
+    "implicit_gemm": "the conv as a GEMM: im2col slabs built on the fly, 8x8 per thread",
+    "implicit_gemm_double_buffered": "next slab's loads in flight while this one multiplies",
+    "implicit_gemm_warp_tiled": "a warp is an 8 x 4 patch of threads",
+    "implicit_gemm_tuned": "tile shape measured per layer (autotuner)",
+    "implicit_gemm_cuda": "CUDA C: float4 global loads, cp.async pipeline",
+}
+
+
+def rung_table(result: dict) -> str:
+    """The conv ladder of a stored or fresh run, one table per layer: rung, the idea it
+    adds, ms, % of the measured fp32 peak, gain over the rung before."""
+    peak = result["ceilings"]["fma_tflops"]
+    lines = []
+    for lad in result["ladders"]:
+        algo = (lad.get("cudnn_fp32") or {}).get("algorithm", "?")
+        lines.append(f"{lad['problem']}  (cuDNN fp32 ran {algo}; fp32 peak {peak:.1f} TFLOP/s)")
+        lines.append(f"{'rung':<30}{'ms':>8}{'% peak':>8}{'gain':>7}  idea")
+        prev = None
+        for r in lad["rows"]:
+            if r["name"] not in RUNG_IDEAS:
+                continue
+            gain = f"{prev / r['ms']:6.2f}x" if prev else "      -"
+            lines.append(f"{r['name']:<30}{r['ms']:8.3f}{100 * r['tflops'] / peak:7.1f}%{gain}"
+                         f"  {RUNG_IDEAS[r['name']]}")
+            prev = r["ms"]
+        lines.append("")
+    return "\n".join(lines)

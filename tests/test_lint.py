@@ -116,15 +116,8 @@ def group_files(group: str) -> list[Path]:
     return sorted(d.glob("*.py")) if group == "convlab" else sorted(d.rglob("*.py"))
 
 
-KERNELS_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="kernel docstrings/comments still carry run labels (conv08, conv09, gemm04, "
-           "depthwise01, filter02); remove this mark once they are reworded")
-
-
 def _group_params():
-    return [pytest.param(g, marks=KERNELS_XFAIL) if g == "convlab/kernels" else g
-            for g in package_groups()]
+    return list(package_groups())
 
 
 def _rel(path: Path) -> str:

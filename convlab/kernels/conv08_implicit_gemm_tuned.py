@@ -7,9 +7,9 @@ pixels) has only 98 tiles of 128x128 for 132 SMs. Smaller tiles fill the GPU but
 each loaded value fewer times (a 64x64 tile loads twice as much per FMA as 128x128).
 
 `choose` answers per layer shape: first from the table that the H200 sweep measured
-(convlab/results/h200.json, "tuned" / "numba"; tools/gpu/fast_kernels.py,
-`convlab.autotune`), else `heuristic`. On the H200 the answer was 64x128 for all three
-ResNet layers (BK 16, or 8 with 3 blocks per SM), not the tile-count rule above: with
+(convlab/results/h200.json, "tuned" / "numba"; `python -m convlab measure 09`,
+`convlab.autotune`), else `heuristic`. On the H200 the answer was 64x128x16 for all three
+ResNet layers, not the tile-count rule above: with
 8x8 outputs per thread, 128 threads per block and ~128-170 registers, several blocks
 share an SM, and that hid the latency better than bigger tiles reused data. Under the
 simulator `heuristic` picks a small 32x32 tile (4x4 per thread) so that checks run
@@ -26,7 +26,7 @@ _CHOICE: dict = {}
 
 
 def heuristic(p) -> c7.Config:
-    """64 filters x 128 pixels x 16 channels: on the H200 (run 2, batch 32) the best or
+    """64 filters x 128 pixels x 16 channels: on the H200 (batch 32) the best or
     within 5% of the best shape on all three ResNet layers."""
     if is_simulator():
         return c7.Config(32, 32, 8, 4, 4)

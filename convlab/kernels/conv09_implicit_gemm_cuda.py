@@ -377,7 +377,7 @@ SMS = 132  # H200 multiprocessors, for the fallback rule
 
 
 def heuristic(p) -> Config:
-    """The rule behind the H200 table (run 2, batch 32): 64x64x16 tiles for K <= 64,
+    """The rule behind the H200 table (batch 32): 64x64x16 tiles for K <= 64,
     else 128x64x16, split in two along the reduction when that gives fewer than about
     two blocks per SM."""
     npq = p.N * p.P * p.Q

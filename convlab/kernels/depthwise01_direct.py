@@ -35,7 +35,7 @@ from ..reference import conv_params
 from ._launch import Unsupported, ceil_div, launcher
 
 # Outputs per thread (down a column) and threads per block, from the H200 sweep of
-# tools/gpu/lessons10_11.py (run 1, convlab/results/h200_lessons10_11.json). Stride 1: the
+# `python -m convlab measure 11` (convlab/results/h200_lessons10_11.json). Stride 1: the
 # largest V <= 8 that divides the output height was fastest (V=7 on 14x14: 23.4 us; V=8
 # on 112x112: 78.1 us; V=4: 27.2 and 86.6 us; V=1: 47 and 178 us), 128 threads a hair
 # ahead of 256. Stride 2 (V in 1, 2, 4 and 256 threads measured): V=4.
@@ -187,7 +187,7 @@ SIGNATURE = ("(float32[::1], float32[::1], float32[::1], uint32, uint32, uint32,
 # ----------------------------------------------------------------------------------------
 # A variant with a 3-D launch (columns, strips, planes), not yet measured on a GPU.
 #
-# Run 1 on the H200 left the kernel above at 29-35% of copy bandwidth with 75-235 PTX
+# On the H200 the kernel above ran at 29-35% of copy bandwidth with 75-235 PTX
 # instructions per output: three run-time divisions per thread to find its plane, strip
 # and column, and a clamp and a select around every load. Here the grid's three axes give
 # the column, the strip and the plane directly (no division but c = plane % C), the

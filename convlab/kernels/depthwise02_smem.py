@@ -20,8 +20,8 @@ The kernel is specialised on the whole shape of a plane (H, W, padding, R, S, st
 C, and on the tiling (G, TP, V, threads): `make_kernel` compiles one kernel per key and
 caches it, so every division and remainder is by a compile-time constant (a multiply and
 a shift), every loop unrolls, and the shared tile has a constant size. `default_tiling`
-chooses the tiling from the shape; the launcher accepts overrides (for the sweep in
-tools/gpu/lessons10_11.py).
+chooses the tiling from the shape; the launcher accepts overrides (for the sweep of
+`python -m convlab measure 11`).
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
 
@@ -193,7 +193,7 @@ def default_tiling(N, C, H, W, P, Q, R=3, S=3, stride=1) -> dict:
 
     Small planes (P*Q <= 1024 and a plane's tile fits): whole planes (TP = P), V the
     largest divisor of P up to 8, G = 8 planes per block (fewer if the tile would pass
-    SMEM_LIMIT; the H200 sweep of tools/gpu/lessons10_11.py, 2026-11-29: G = 8 of 14 x 14
+    SMEM_LIMIT; on the H200 sweep (`convlab measure 11`) G = 8 of 14 x 14
     was the fastest at stride 1, 11.5 us, and at stride 2, 7.9 us, where G = 27 took 10.6).
     Larger planes: one plane per block, bands of TP = 16 rows (fewer if the tile would not
     fit), V the largest divisor of TP up to 8 (within 5% of the sweep's best there).

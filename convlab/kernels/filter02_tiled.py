@@ -40,7 +40,7 @@ from ._launch import Unsupported, ceil_div, launcher
 
 # Default tile: TX threads along a row (a full warp), TY rows of threads, V outputs per
 # thread, PAD extra floats per shared-memory row (for the bank-conflict experiments).
-# Chosen by the H200 sweep (tools/gpu/lesson06_sweep.py, run 2; results in
+# Chosen by the H200 sweep (`python -m convlab measure 06`; results in
 # convlab/results/h200_lessons04_06.json): 40.1 us of GPU time on a 4096 x 4096 image,
 # 89.5% of the measured copy bandwidth; the pipelined variants were slower (48-62 us).
 TILE = dict(tx=32, ty=8, v=8, pad=0)
