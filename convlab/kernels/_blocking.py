@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..runtime import is_simulator
-from ._launch import Unsupported, ceil_div, conv_launch_params
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
 
 SIM = is_simulator()
 SMEM_ALIGN = None if SIM else 16  # bytes; None: the simulator refuses the argument
@@ -215,6 +215,34 @@ def flat(a):
         return view
     _FLAT[key] = (ref, view)
     return view
+
+
+def igemm_launcher(kernel, name: str):
+    """A conv launcher (common signature) for an implicit-GEMM kernel with a ``tile`` dict
+    (BM, BN, BK, threads): cached plan, filters rearranged, one launch."""
+    t = kernel.tile
+
+    @launcher
+    def conv2d_igemm(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        plan = conv_plan(name, x, w, out, stride, padding, dilation, groups, t["BM"], t["BN"],
+                         t["BK"])
+        wt = rsck_weights_into(plan, w)
+        kernel[plan.grid, t["threads"]](flat(x), wt, flat(out), plan.prm)
+        return out
+
+    conv2d_igemm.__name__ = name
+    conv2d_igemm.kernel = kernel
+    return conv2d_igemm
+
+
+def tile_launcher(cache: dict, make_kernel, name: str, cfg):
+    """The launcher of tile shape `cfg` (BM, BN, BK, TM, TN, min_blocks) of one kernel
+    family: ``make_kernel`` compiles it on first use, `cache` keeps it."""
+    launch = cache.get(cfg)
+    if launch is None:
+        kernel = make_kernel(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.min_blocks)
+        launch = cache[cfg] = igemm_launcher(kernel, f"{name} {cfg}")
+    return launch
 
 
 # ----------------------------------------------------------------------------------------

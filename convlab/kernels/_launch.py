@@ -77,6 +77,22 @@ def chosen_launch(name: str, cache: dict, pick, x, w, out, stride, padding, dila
     return launch
 
 
+def picked_launcher(name: str, launcher_for, pick, doc: str):
+    """A launcher (common signature) that runs ``launcher_for(pick(ConvParams))``; the choice
+    is made once per shape and arguments (`chosen_launch`)."""
+    choice: dict = {}
+
+    @launcher
+    def conv2d(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        launch = chosen_launch(name, choice, lambda p: launcher_for(pick(p)), x, w, out, stride,
+                               padding, dilation, groups)
+        return launch(x, w, out, stride=stride, padding=padding, dilation=dilation,
+                      groups=groups)
+
+    conv2d.__name__, conv2d.__doc__ = name, doc
+    return conv2d
+
+
 def launcher(fn):
     """Mark fn as a GPU launcher (device arrays in, fills `out`) for checkers and bench."""
     fn.device = True

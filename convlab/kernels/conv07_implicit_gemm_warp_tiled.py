@@ -19,15 +19,14 @@ from numba import cuda, float32, int64, uint64
 from ._blocking import (
     IGEMM_SIGNATURE,
     SMEM_ALIGN,
-    conv_plan,
-    flat,
+    igemm_launcher,
     jit_options,
-    rsck_weights_into,
+    tile_launcher,
     unroll,
     unrolled,
 )
 from ._blocking import log2 as _log2
-from ._launch import chosen_launch, launcher
+from ._launch import picked_launcher
 from .conv05_implicit_gemm import Config, picked
 
 
@@ -161,52 +160,24 @@ def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
     return kernel
 
 
-def make_launcher(kernel, name="conv2d_implicit_gemm_warp_tiled"):
-    """A conv launcher (common signature) for a kernel from `make_kernel`."""
-    t = kernel.tile
-
-    @launcher
-    def conv2d_implicit_gemm_warp_tiled(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-        plan = conv_plan(name, x, w, out, stride, padding, dilation, groups, t["BM"], t["BN"],
-                         t["BK"])
-        wt = rsck_weights_into(plan, w)
-        kernel[plan.grid, t["threads"]](flat(x), wt, flat(out), plan.prm)
-        return out
-
-    conv2d_implicit_gemm_warp_tiled.__name__ = name
-    conv2d_implicit_gemm_warp_tiled.kernel = kernel
-    return conv2d_implicit_gemm_warp_tiled
-
-
 # Candidate shapes for the autotuner (convlab.autotune): step 5's tiles and larger ones.
 CANDIDATES = [Config(64, 128, 8), Config(64, 128, 16), Config(128, 64, 8), Config(128, 64, 16),
               Config(64, 64, 8), Config(64, 64, 16), Config(128, 128, 8), Config(128, 128, 16),
               Config(128, 128, 8, min_blocks=2), Config(64, 128, 8, min_blocks=3),
               Config(64, 64, 8, 4, 4), Config(64, 64, 16, 4, 4), Config(32, 64, 8, 4, 4)]
+
 _LAUNCHERS: dict = {}
 
 
 def launcher_for(cfg: Config):
     """The launcher of one tile shape (compiled on first use, then cached)."""
-    if cfg not in _LAUNCHERS:
-        kernel = make_kernel(cfg.BM, cfg.BN, cfg.BK, cfg.TM, cfg.TN, cfg.min_blocks)
-        _LAUNCHERS[cfg] = make_launcher(kernel, f"conv2d_implicit_gemm_warp_tiled {cfg}")
-    return _LAUNCHERS[cfg]
+    return tile_launcher(_LAUNCHERS, make_kernel, "conv2d_implicit_gemm_warp_tiled", cfg)
 
 
-_CHOICE: dict = {}
-
-
-@launcher
-def conv2d_implicit_gemm_warp_tiled(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-    """Double-buffered, unrolled implicit GEMM on the tile `pick_tile` picks."""
-    launch = chosen_launch("conv2d_implicit_gemm_warp_tiled", _CHOICE,
-                           lambda p: launcher_for(picked(p)), x, w, out, stride, padding,
-                           dilation, groups)
-    return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
-
-
+conv2d_implicit_gemm_warp_tiled = picked_launcher(
+    "conv2d_implicit_gemm_warp_tiled", launcher_for, picked,
+    "Warp-tiled, double-buffered implicit GEMM on the tile `pick_tile` picks.")
 KERNEL = make_kernel()
 SIGNATURE = IGEMM_SIGNATURE
 conv2d_implicit_gemm_warp_tiled.kernel = KERNEL
-_LAUNCHERS[Config()] = make_launcher(KERNEL)
+_LAUNCHERS[Config()] = igemm_launcher(KERNEL, "conv2d_implicit_gemm_warp_tiled")

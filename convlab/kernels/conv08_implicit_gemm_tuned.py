@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from ..runtime import is_simulator
 from . import conv07_implicit_gemm_warp_tiled as c7
-from ._launch import chosen_launch, launcher
-
-_CHOICE: dict = {}
+from ._launch import picked_launcher
 
 
 def heuristic(p) -> c7.Config:
@@ -44,13 +42,9 @@ def choose(p) -> c7.Config:
     return heuristic(p)
 
 
-@launcher
-def conv2d_implicit_gemm_tuned(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-    """conv07's kernel with the tile shape `choose` picks for this layer."""
-    launch = chosen_launch("conv2d_implicit_gemm_tuned", _CHOICE,
-                           lambda p: c7.launcher_for(choose(p)), x, w, out, stride, padding,
-                           dilation, groups)
-    return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
+conv2d_implicit_gemm_tuned = picked_launcher(
+    "conv2d_implicit_gemm_tuned", c7.launcher_for, choose,
+    "conv07's kernel with the tile shape `choose` picks for this layer.")
 
 
 KERNEL, SIGNATURE = c7.KERNEL, c7.SIGNATURE

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._launch import Unsupported, ceil_div, chosen_launch, conv_launch_params, launcher
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, picked_launcher
 
 CUDA_SOURCE = r"""
 // Implicit-GEMM convolution, NCHW float32. Y[k, j] = sum_l A[l, k] * B[l, j],
@@ -397,22 +397,17 @@ def choose(p) -> Config:
     return Config(**cfg) if cfg else heuristic(p)
 
 
-_CHOICE: dict = {}
 _BY_CONFIG: dict = {}
 
 
-def _launcher_for_choice(p):
-    """The (one, shared) launcher of the tile shape `choose` picks for p."""
-    cfg = choose(p)
+def _launcher_of(cfg):
+    """The (one, shared) launcher of tile shape cfg."""
     return _BY_CONFIG.get(cfg) or _BY_CONFIG.setdefault(cfg, make_launcher(cfg))
 
 
-@launcher
-def conv2d_implicit_gemm_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-    """The CUDA C implicit GEMM with the tile shape `choose` picks for this layer."""
-    launch = chosen_launch("conv2d_implicit_gemm_cuda", _CHOICE, _launcher_for_choice, x, w,
-                           out, stride, padding, dilation, groups)
-    return launch(x, w, out, stride=stride, padding=padding, dilation=dilation, groups=groups)
+conv2d_implicit_gemm_cuda = picked_launcher(
+    "conv2d_implicit_gemm_cuda", _launcher_of, choose,
+    "The CUDA C implicit GEMM with the tile shape `choose` picks for this layer.")
 
 
 # ----------------------------------------------------------------------------------------
