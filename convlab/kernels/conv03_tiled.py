@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._blocking import unroll, unrolled
+from ._blocking import SMEM_ALIGN, unroll, unrolled
 from ._launch import Unsupported, ceil_div, direct_launch_args, launcher
 
 # Output channels per thread and input channels per shared-memory stage.
@@ -38,13 +38,6 @@ SHARED_LIMIT = 48 * 1024  # bytes of static shared memory per block
 
 _CACHE: dict = {}
 
-
-def _align():
-    """16 bytes for the filter tile (4 taps in one 128-bit read); None under the simulator,
-    which refuses the argument."""
-    from ..runtime import is_simulator
-
-    return None if is_simulator() else 16
 
 
 def tile_shapes(R, S, sh, sw, dh, dw, tx, ty, kpt, cb, pix=1):
@@ -86,13 +79,12 @@ def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=8, kpt=4, cb=4):
     # unsigned constants for the inner loops: a range over an unsigned value has an
     # unsigned counter, and unsigned indices need no negative-index check
     U = np.uint32
-    ALIGN = _align()
     Ru, Su, KPTu, XTu, DHWI, DWu = U(R), U(S), U(kpt), U(XT), U(dh * WI), U(dw)
 
     def conv2d_tiled_kernel(x, w, y, C, H, W, K, P, Q, sh_, sw_, ph, pw, dh_, dw_):
         # x, w, y flat (NCHW, KCRS, NKPQ); sizes int32; stride and dilation are compiled in
         xs = cuda.shared.array(NX, float32)  # [c][row][col]
-        ws = cuda.shared.array(NW, float32, ALIGN)  # [c][r][s][k]: taps side by side
+        ws = cuda.shared.array(NW, float32, SMEM_ALIGN)  # [c][r][s][k]: taps side by side
         t = uint32(cuda.threadIdx.y * tx + cuda.threadIdx.x)
         ntq = (Q + (tx - 1)) // tx
         tile_p = int32(cuda.blockIdx.x) // ntq

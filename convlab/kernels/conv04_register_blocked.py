@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._blocking import unroll, unrolled
+from ._blocking import SMEM_ALIGN, unroll, unrolled
 from ._launch import Unsupported, ceil_div, direct_launch_args, launcher
-from .conv03_tiled import SHARED_LIMIT, _align, fit_tile, tile_shapes  # noqa: F401
+from .conv03_tiled import SHARED_LIMIT, fit_tile, tile_shapes
 
 # Output channels and rows per thread, input channels per shared-memory stage.
 TILE = dict(kpt=16, pix=4, cb=2)
@@ -51,14 +51,13 @@ def make_kernel(R, S, sh, sw, dh, dw, tx=32, ty=4, kpt=8, pix=4, cb=4):
     # unsigned constants for the inner loops: a range over an unsigned value has an
     # unsigned counter, and unsigned indices need no negative-index check
     U = np.uint32
-    ALIGN = _align()
     Ru, Su, KPTu, XTu, DHWI, DWu = U(R), U(S), U(kpt), U(XT), U(dh * WI), U(dw)
     PIXu, SHWI = U(pix), U(sh * WI)
 
     def conv2d_register_blocked_kernel(x, w, y, C, H, W, K, P, Q, sh_, sw_, ph, pw, dh_, dw_):
         # x, w, y flat (NCHW, KCRS, NKPQ); sizes int32; stride and dilation are compiled in
         xs = cuda.shared.array(NX, float32)  # [c][row][col]
-        ws = cuda.shared.array(NW, float32, ALIGN)  # [c][r][s][k]: taps side by side
+        ws = cuda.shared.array(NW, float32, SMEM_ALIGN)  # [c][r][s][k]: taps side by side
         t = uint32(cuda.threadIdx.y * tx + cuda.threadIdx.x)
         ntq = (Q + (tx - 1)) // tx
         tile_p = int32(cuda.blockIdx.x) // ntq  # tiles of tx x (ty * pix) outputs
