@@ -7,7 +7,8 @@
 - `time_cpu` does the same with ``perf_counter`` for CPU code.
 - `Impl` + `bench_conv` check every implementation against a float64 reference on the
   same random inputs, then time each one the same way, libraries included, in one run.
-- `measure_ceilings` measures this device's copy bandwidth and FMA peak for the roofline.
+- `measure_ceilings` measures this device's copy bandwidth and FMA peak for the roofline,
+  beside `theoretical_peak` (SMs x FP32 lanes x 2 x clock).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from . import check, results
 from . import reference as ref
-from .runtime import cuda, is_simulator
+from .runtime import cuda, import_optional, is_simulator
 
 
 class SimulatorTimingError(RuntimeError):
@@ -233,29 +235,135 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
 # Ceilings and the roofline
 
 
-def copy_bandwidth(nbytes: int = 1 << 31, repeat: int = 10) -> float:
-    """Best device-to-device copy bandwidth in GB/s (bytes read + written); see
-    `convlab.ceilings.copy_bandwidth` for every copy it tries."""
-    require_gpu("copy_bandwidth")
-    from . import ceilings
+# FP32 lanes (CUDA cores) per SM by compute capability.
+FP32_LANES = {(6, 0): 64, (6, 1): 128, (6, 2): 128, (7, 0): 64, (7, 2): 64, (7, 5): 64,
+              (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128, (10, 0): 128,
+              (10, 3): 128, (12, 0): 128, (12, 1): 128}
+CSRC = Path(__file__).parent / "kernels" / "csrc"
 
-    return ceilings.copy_bandwidth(nbytes, repeat)["gbps"]
+
+def theoretical_peak(device=None) -> dict:
+    """fp32 TFLOP/s = SMs x FP32 lanes per SM x 2 (an FMA is two FLOPs) x clock, read off
+    the device (`FP32_LANES` by compute capability; the boost clock the driver reports)."""
+    dev = device or cuda().get_current_device()
+    cc = tuple(dev.compute_capability)
+    lanes = FP32_LANES.get(cc)
+    if lanes is None:
+        raise KeyError(f"FP32 lanes per SM of compute capability {cc} unknown: add it to "
+                       "convlab.bench.FP32_LANES")
+    sms, ghz = dev.MULTIPROCESSOR_COUNT, dev.CLOCK_RATE / 1e6  # CLOCK_RATE is in kHz
+    return dict(tflops=sms * lanes * 2 * ghz / 1e3, sms=sms, lanes_per_sm=lanes,
+                clock_ghz=ghz, compute_capability=list(cc))
+
+
+def _fma_peak(repeat: int) -> tuple[float, str]:
+    """(TFLOP/s, kernel) of 8 independent FMA chains per thread: CUDA C through CuPy (a Numba
+    loop spends a third of its issue slots on 64-bit loop arithmetic and reaches ~2/3 of
+    the peak, so it is only the fallback, and says so)."""
+    c = cuda()
+    blocks, threads, n_iter = c.get_current_device().MULTIPROCESSOR_COUNT * 16, 256, 4096
+    flops = blocks * threads * n_iter * 16 * 8 * 2
+    cp = import_optional("cupy")
+    if cp is not None:
+        k = cp.RawKernel((CSRC / "fma_chains.cu").read_text(), "fma_chains",
+                         options=("-std=c++17",))
+        out = cp.empty(blocks * threads, dtype=cp.float32)
+        t = time_gpu(lambda: k((blocks,), (threads,), (out, np.int32(n_iter))), repeat=repeat)
+        return t.tflops(flops), "cuda c (8 fmaf chains, unrolled)"
+    k = _ceiling_kernels()["fma"]
+    out = c.device_array(blocks * threads, dtype=np.float32)
+    t = time_gpu(lambda: k[blocks, threads](out, np.int32(n_iter)), repeat=repeat)
+    return t.tflops(flops), "numba (CuPy missing: ~2/3 of the peak)"
 
 
 def fma_peak(repeat: int = 7) -> float:
-    """Measured fp32 FMA TFLOP/s (`convlab.ceilings.fma_peak`: a CUDA C kernel of independent
-    FMA chains, within a few % of `convlab.ceilings.theoretical_peak`)."""
+    """Measured fp32 FMA throughput in TFLOP/s, within a few % of `theoretical_peak`."""
     require_gpu("fma_peak")
-    from . import ceilings
+    return _fma_peak(repeat)[0]
 
-    return ceilings.fma_peak(repeat)["tflops"]
+
+def _copies(nbytes: int, repeat: int) -> dict:
+    """GB/s (bytes read + written) of every device-to-device copy of nbytes tried here."""
+    c = cuda()
+    n = nbytes // 4
+    copies = {}
+    a, b = c.device_array(n, dtype=np.float32), c.device_array(n, dtype=np.float32)
+    copies["numba memcpy"] = time_gpu(lambda: b.copy_to_device(a), repeat=repeat)
+    k = _ceiling_kernels()["copy"]
+    blocks = c.get_current_device().MULTIPROCESSOR_COUNT * 8
+    copies["numba grid-stride kernel"] = time_gpu(lambda: k[blocks, 512](a, b), repeat=repeat)
+    a = b = None  # free before the next pair
+    cp = import_optional("cupy")
+    if cp is not None:
+        ca, cb = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+        copies["cupy memcpy"] = time_gpu(lambda: cb.__setitem__(Ellipsis, ca), repeat=repeat)
+        ca = cb = None
+    torch = import_optional("torch")
+    if torch is not None and torch.cuda.is_available():
+        ta = torch.empty(n, dtype=torch.float32, device="cuda")
+        tb = torch.empty_like(ta)
+        copies["torch copy_"] = time_gpu(lambda: tb.copy_(ta), repeat=repeat)
+        ta = tb = None
+    return {name: t.gbps(2 * nbytes) for name, t in copies.items()}
+
+
+def copy_bandwidth(nbytes: int = 1 << 31, repeat: int = 10) -> float:
+    """Best device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written,
+    of a buffer far larger than L2: the driver's memcpy (Numba, CuPy, PyTorch) and a
+    grid-stride kernel, the best of them."""
+    require_gpu("copy_bandwidth")
+    return max(_copies(nbytes, repeat).values())
+
+
+_KERNELS: dict = {}
+
+
+def _ceiling_kernels():
+    """A grid-stride copy and the Numba fallback of the FMA kernel, compiled once."""
+    if _KERNELS:
+        return _KERNELS
+    c = cuda()
+    from numba import float32, int32
+
+    @c.jit
+    def copy_kernel(src, dst):
+        i = c.grid(1)
+        step = c.gridsize(1)
+        while i < src.size:
+            dst[i] = src[i]
+            i += step
+
+    @c.jit
+    def fma_chains(out, n_iter):
+        i = c.grid(1)
+        a0 = float32(i) * float32(1e-9)
+        a1, a2, a3 = a0 + float32(1), a0 + float32(2), a0 + float32(3)
+        a4, a5, a6, a7 = a0 + float32(4), a0 + float32(5), a0 + float32(6), a0 + float32(7)
+        m, k = float32(0.9999), float32(1e-6)
+        for _ in range(int32(n_iter)):
+            for _u in range(16):
+                a0, a1, a2, a3 = a0 * m + k, a1 * m + k, a2 * m + k, a3 * m + k
+                a4, a5, a6, a7 = a4 * m + k, a5 * m + k, a6 * m + k, a7 * m + k
+        out[i] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7
+
+    _KERNELS.update(copy=copy_kernel, fma=fma_chains)
+    return _KERNELS
 
 
 def measure_ceilings() -> dict:
-    """This device's measured and theoretical ceilings (`convlab.ceilings.measure_ceilings`)."""
-    from . import ceilings
-
-    return ceilings.measure_ceilings()
+    """This device's roofline ceilings, measured now, beside the theoretical fp32 peak:
+    copy GB/s (and every copy tried) and fp32 FMA TFLOP/s (and the kernel that got it)."""
+    require_gpu("measure_ceilings")
+    dev = cuda().get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
+    theory = theoretical_peak(dev)
+    fma, kernel = _fma_peak(7)
+    copies = _copies(1 << 31, 10)
+    best = max(copies, key=copies.get)
+    return dict(device=name, fma_tflops=fma, fma_kernel=kernel,
+                theoretical_tflops=theory["tflops"], theoretical=theory,
+                copy_gbps=copies[best], copy_best=best, copy_tried=copies,
+                fma_pct_of_theoretical=100 * fma / theory["tflops"])
 
 
 def roofline(points: list, bandwidth_gbps: float, peak_tflops: float, ax=None,

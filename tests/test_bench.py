@@ -82,3 +82,20 @@ def test_ceilings_are_plausible():
     ce = bench.measure_ceilings()
     assert 100 < ce["copy_gbps"] < 20000
     assert 1 < ce["fma_tflops"] < 500
+
+
+class _Device:
+    """The device properties theoretical_peak reads."""
+
+    def __init__(self, cc, sms, clock_khz):
+        self.compute_capability, self.MULTIPROCESSOR_COUNT, self.CLOCK_RATE = cc, sms, clock_khz
+
+
+def test_theoretical_peak_matches_datasheets():
+    # H200 SXM: 66.9 TFLOP/s fp32; T4: 8.1 TFLOP/s (40 SMs x 64 lanes at 1.59 GHz)
+    assert bench.theoretical_peak(_Device((9, 0), 132, 1_980_000))["tflops"] == \
+        pytest.approx(66.9, abs=0.05)
+    assert bench.theoretical_peak(_Device((7, 5), 40, 1_590_000))["tflops"] == \
+        pytest.approx(8.1, abs=0.05)
+    with pytest.raises(KeyError, match="FP32_LANES"):
+        bench.theoretical_peak(_Device((5, 2), 16, 1_000_000))

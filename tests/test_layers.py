@@ -36,7 +36,7 @@ LAYERS = [
     ("kernels", ["convlab.kernels", "convlab.kernels.*"]),
     ("pictures", ["convlab.viz"]),
     ("timing, baselines, measurements and the lessons' drivers",
-     ["convlab.bench", "convlab.ceilings", "convlab.baselines", "convlab.measure",
+     ["convlab.bench", "convlab.baselines", "convlab.measure",
       "convlab.measure.*", "convlab.autotune", "convlab.cpu", "convlab.census", "convlab.precision",
       "convlab.pipeline", "convlab.ladder", "convlab.widgets"]),
     ("grading, publishing and the command line",

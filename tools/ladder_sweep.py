@@ -20,15 +20,29 @@ convlab.setup("gpu")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from convlab import baselines, bench, check, ceilings, problems  # noqa: E402
+from convlab import baselines, bench, check, ladder, problems  # noqa: E402
 from convlab.kernels import (  # noqa: E402
     conv01_naive as c1,
+)
+from convlab.kernels import (
     conv02_coalesced as c2,
+)
+from convlab.kernels import (
     conv03_tiled as c3,
+)
+from convlab.kernels import (
     conv04_register_blocked as c4,
+)
+from convlab.kernels import (
     conv05_implicit_gemm as c5,
+)
+from convlab.kernels import (
     conv06_implicit_gemm_double_buffered as c6,
+)
+from convlab.kernels import (
     conv07_implicit_gemm_warp_tiled as c7,
+)
+from convlab.kernels import (
     conv09_implicit_gemm_cuda as c9,
 )
 from convlab.runtime import cuda  # noqa: E402
@@ -68,7 +82,7 @@ def main():
     try:
         if os.environ.get("SKIP_CEIL"):
             raise RuntimeError("ceilings skipped")
-        res["ceilings"] = ceilings.measure_ceilings()
+        res["ceilings"] = bench.measure_ceilings()
         print("ceilings", {k: v for k, v in res["ceilings"].items() if k != "copy_tried"},
               f"({time.time() - t0:.0f} s)", flush=True)
         print("copies", res["ceilings"]["copy_tried"], flush=True)
@@ -108,26 +122,15 @@ def main():
             except Exception as e:  # noqa: BLE001
                 rows[name] = dict(error=f"{type(e).__name__}: {e}"[:300])
                 print(f"  {name:<28} ERROR {type(e).__name__}: {str(e)[:150]}", flush=True)
-        # libraries
-        tx32, tw32 = torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda()
-        conv = lambda: torch.nn.functional.conv2d(tx32, tw32, padding=1)  # noqa: E731
-        ms = bench.time_gpu(conv, repeat=15).median_ms
-        names = baselines.library_kernels(conv)
-        rows["cuDNN fp32"] = dict(ms=ms, tflops=prob.flops / ms / 1e9,
-                                  algorithm=baselines.algorithm_of(names), kernels=names)
-        p = prob
-        from convlab import reference as ref
-        cp_ = ref.conv_params(p.x_shape, p.w_shape, **p.kwargs)
-        M, N, K = cp_.N * cp_.P * cp_.Q, cp_.K, cp_.C * cp_.R * cp_.S
-        a = torch.rand((M, K), device="cuda") - 0.5
-        b = torch.rand((K, N), device="cuda") - 0.5
-        o = torch.empty((M, N), device="cuda")
-        ms = bench.time_gpu(lambda: torch.matmul(a, b, out=o), repeat=15).median_ms
-        gnames = baselines.library_kernels(lambda: torch.matmul(a, b, out=o))
-        rows["cuBLAS same GEMM"] = dict(ms=ms, tflops=prob.flops / ms / 1e9, kernels=gnames,
-                                        shape=[M, K, N])
-        print(f"  cuDNN fp32 {rows['cuDNN fp32']['ms']:.4f} ms ({rows['cuDNN fp32']['algorithm']}) "
-              f"cuBLAS same GEMM {ms:.4f} ms", flush=True)
+        # libraries: cuDNN fp32 timed, what it ran, cuBLAS on the same GEMM shape
+        impl = baselines.cudnn_conv_impl(prob, "fp32")
+        state = impl.prepare(x, w)
+        ms = bench.time_gpu(impl.run, state, repeat=15).median_ms
+        facts = ladder.library_facts(prob)
+        rows["cuDNN fp32"] = dict(ms=ms, tflops=prob.flops / ms / 1e9, **facts["cudnn_fp32"])
+        rows["cuBLAS same GEMM"] = facts["same_gemm"]
+        print(f"  cuDNN fp32 {ms:.4f} ms ({rows['cuDNN fp32']['algorithm']}) "
+              f"cuBLAS same GEMM {facts['same_gemm']['ms']:.4f} ms", flush=True)
         res["layers"][key] = rows
         json.dump(res, open(os.path.join(OUT, "sweep.json"), "w"), indent=1)
         print(f"{key} done ({time.time() - t0:.0f} s)", flush=True)
