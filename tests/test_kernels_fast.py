@@ -98,13 +98,17 @@ def test_conv07_refuses_tiles_it_cannot_load():
         C7.make_kernel(BM=96)
 
 
-def test_conv04_refuses_large_filters_clearly():
+def test_conv04_refuses_tiles_beyond_shared_memory_clearly():
+    """Any filter whose tile fits runs (9x9 here); a receptive field too wide for shared
+    memory is refused with the bytes it would need."""
+    check.check_conv2d_case(conv04_register_blocked.conv2d_register_blocked, (1, 2, 13, 12),
+                            (3, 2, 9, 9), padding=2, quiet=True, runs=1)
     c = cuda()
-    x = c.to_device(np.ones((1, 1, 12, 12), np.float32))
-    w = c.to_device(np.ones((1, 1, 9, 9), np.float32))
-    out = c.to_device(np.zeros((1, 1, 4, 4), np.float32))
-    with pytest.raises(Unsupported, match="49 taps"):
-        conv04_register_blocked.conv2d_register_blocked(x, w, out)
+    x = c.to_device(np.ones((1, 1, 130, 130), np.float32))
+    w = c.to_device(np.ones((1, 1, 31, 31), np.float32))
+    out = c.to_device(np.zeros((1, 1, 10, 10), np.float32))
+    with pytest.raises(Unsupported, match=r"needs \d+ bytes of shared memory \(limit 49152\)"):
+        conv04_register_blocked.conv2d_register_blocked(x, w, out, dilation=4)
 
 
 def test_conv08_choice_small_under_simulator_and_table_on_gpu():

@@ -77,9 +77,8 @@ COMPILE = """
         del np.row_stack  # what NumPy 2.5 did
     {setup}
     from numba import cuda, float32
-    from convlab.kernels.conv02_coalesced import conv2d_coalesced_kernel as k
-    from convlab.kernels._launch import CONV_SIGNATURE
-    ptx, _ = cuda.compile_ptx(k.py_func, CONV_SIGNATURE, cc=(9, 0))
+    from convlab.kernels.conv02_coalesced import KERNEL as k, SIGNATURE
+    ptx, _ = cuda.compile_ptx(k.py_func, SIGNATURE, cc=(9, 0))
     assert ".target sm_90" in ptx and "ld.global" in ptx
     print("compiled", len(ptx))
 """

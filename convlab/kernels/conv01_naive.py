@@ -32,7 +32,7 @@ def make_kernel(R: int, S: int):
     @cuda.jit
     def conv2d_naive_kernel(x, w, y, C, H, W, K, P, Q, sh, sw, ph, pw, dh, dw):
         # x, w, y flat (NCHW, KCRS, NKPQ); every size an int32
-        j = int32(cuda.blockIdx.x * THREADS + cuda.threadIdx.x)
+        j = int32(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
         k = int32(cuda.blockIdx.y)
         n = int32(cuda.blockIdx.z)
         if j >= P * Q:
@@ -58,11 +58,16 @@ def make_kernel(R: int, S: int):
     return conv2d_naive_kernel
 
 
+def launch_grid(N: int, K: int, P: int, Q: int) -> tuple:
+    """Blocks of THREADS along the P*Q pixels of a plane (x), one filter (y), one image (z)."""
+    return (ceil_div(P * Q, THREADS), K, N)
+
+
 @launcher
 def conv2d_naive(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """One thread per output; neighbouring threads take neighbouring output rows."""
     p, args = direct_launch_args("conv2d_naive", x, w, out, stride, padding, dilation, groups)
-    grid = (ceil_div(p.P * p.Q, THREADS), p.K, p.N)
+    grid = launch_grid(p.N, p.K, p.P, p.Q)
     make_kernel(p.R, p.S)[grid, THREADS](x.reshape(x.size), w.reshape(w.size),
                                          out.reshape(out.size), *args)
     return out
@@ -70,6 +75,5 @@ def conv2d_naive(x, w, out, stride=1, padding=0, dilation=1, groups=1):
 
 # For PTX reports and the lessons: the 3x3 kernel.
 KERNEL = conv2d_naive_kernel = make_kernel(3, 3)
-BLOCK = (THREADS, 1)  # threads per block (x, y)
 SIGNATURE = ("(float32[::1], float32[::1], float32[::1], int32, int32, int32, int32, int32, "
              "int32, int32, int32, int32, int32, int32, int32)")

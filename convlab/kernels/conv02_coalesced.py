@@ -7,8 +7,8 @@ x, 4 sectors of 32 bytes per request instead of 32. Nothing else changed.
 
 from numba import cuda, float32, int32, uint32
 
-from ._launch import ceil_div, direct_launch_args, launcher
-from .conv01_naive import THREADS
+from ._launch import direct_launch_args, launcher
+from .conv01_naive import THREADS, launch_grid
 
 _CACHE: dict = {}
 
@@ -21,7 +21,7 @@ def make_kernel(R: int, S: int):
     @cuda.jit
     def conv2d_coalesced_kernel(x, w, y, C, H, W, K, P, Q, sh, sw, ph, pw, dh, dw):
         # x, w, y flat (NCHW, KCRS, NKPQ); every size an int32
-        j = int32(cuda.blockIdx.x * THREADS + cuda.threadIdx.x)
+        j = int32(cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
         k = int32(cuda.blockIdx.y)
         n = int32(cuda.blockIdx.z)
         if j >= P * Q:
@@ -51,7 +51,7 @@ def make_kernel(R: int, S: int):
 def conv2d_coalesced(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """One thread per output; a warp covers 32 neighbouring outputs of one row."""
     p, args = direct_launch_args("conv2d_coalesced", x, w, out, stride, padding, dilation, groups)
-    grid = (ceil_div(p.P * p.Q, THREADS), p.K, p.N)
+    grid = launch_grid(p.N, p.K, p.P, p.Q)
     make_kernel(p.R, p.S)[grid, THREADS](x.reshape(x.size), w.reshape(w.size),
                                          out.reshape(out.size), *args)
     return out
