@@ -327,10 +327,11 @@ def _gemm_reference(a, b):
 
 
 def sweep_kernels() -> dict:
-    """The kernels of the batch sweep: the best pure-Numba conv and the CUDA C one."""
+    """The kernels of the batch sweep: the plain implicit GEMM (the baseline of source 001's
+    claim), the best pure-Numba conv and the CUDA C one."""
     from .kernels import CONV_LADDER
 
-    names = ("implicit_gemm_tuned", "implicit_gemm_cuda")
+    names = ("implicit_gemm", "implicit_gemm_tuned", "implicit_gemm_cuda")
     return {n: CONV_LADDER[n] for n in names if n in CONV_LADDER}
 
 
@@ -361,6 +362,11 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                 st = impl.prepare(x, w)
                 impl.run(st)
                 timings["cuDNN fp32"] = timer(impl.run, st, repeat=repeat).median_ms
+                if clock is None:  # which algorithm cuDNN picked at this batch
+                    try:
+                        row["cudnn_algorithm"] = baselines.cudnn_algorithm(impl, x, w)["algorithm"]
+                    except Exception as e:  # noqa: BLE001  (the profiler is optional)
+                        row["cudnn_algorithm"] = f"unknown ({type(e).__name__})"
             xd, wd = c.to_device(x), c.to_device(w)
             for kname, fn in impls.items():
                 try:

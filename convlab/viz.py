@@ -747,6 +747,57 @@ def show_code(obj, start: str | None = None, end: str | None = None):
     return Code("\n".join(lines), language="python")
 
 
+def show_diff(before, after, context: int = 2):
+    """What `after` changes in `before` (two functions, kernels or modules), as a unified
+    diff of their sources: the one idea a ladder rung adds to the rung below it."""
+    import difflib
+    import inspect
+
+    from IPython.display import Code
+
+    def src(obj):
+        fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
+        return inspect.getsource(fn).splitlines()
+
+    a, b = src(before), src(after)
+    name = lambda o: getattr(o, "__name__", type(o).__name__)  # noqa: E731
+    diff = difflib.unified_diff(a, b, name(before), name(after), n=context, lineterm="")
+    return Code("\n".join(diff), language="diff")
+
+
+def draw_warp_tiles(TX: int = 16, TY: int = 8):
+    """Which warp each thread of a TX x TY thread grid belongs to (one colour per warp),
+    with threads as rows of TX (left) and as 8 x 4 patches (right, a warp-tiled kernel);
+    each thread owns one register block of the block tile. Returns the figure."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 2.6 + 0.15 * TY))
+    WX = TX // 8
+    rows = np.zeros((TY, TX), int)
+    patches = np.zeros((TY, TX), int)
+    for tid in range(TX * TY):
+        rows[tid // TX, tid % TX] = tid >> 5
+        lane, warp = tid & 31, tid >> 5
+        tx = ((warp % WX) << 3) | (lane & 7)
+        ty = ((warp // WX) << 2) | (lane >> 3)
+        patches[ty, tx] = warp
+    n_warps = TX * TY // 32
+    for ax, grid, title in ((axes[0], rows, "warps as rows of threads"),
+                            (axes[1], patches, "warps as 8 x 4 patches (warp tiling)")):
+        ax.imshow(grid, cmap="tab10", vmin=0, vmax=max(9, n_warps - 1))
+        for (r, c), w in np.ndenumerate(grid):
+            ax.text(c, r, str(w), ha="center", va="center", fontsize=7)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        span_x = [len(set(np.nonzero(grid == w)[1])) for w in range(n_warps)]
+        span_y = [len(set(np.nonzero(grid == w)[0])) for w in range(n_warps)]
+        ax.set_title(f"{title}\na warp covers {span_x[0]} thread columns (pixels) x "
+                     f"{span_y[0]} rows (filters)", fontsize=9)
+        ax.set_xlabel(f"thread x (pixels), TX = {TX}")
+        ax.set_ylabel(f"thread y (filters), TY = {TY}")
+    fig.tight_layout()
+    return fig
+
+
 def draw_launch_timeline(launch_us: float, kernels, n: int = 6):
     """CPU launches and GPU execution, one panel per kernel.
 

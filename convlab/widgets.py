@@ -253,7 +253,7 @@ def build_explorer(image, filters: dict, pos=(0, 0)):
 
 TUNER_FAMILIES = {
     # family -> (what, parameters with their choices, stored-results label)
-    "numba": ("conv07 pipelined implicit GEMM (Numba)",
+    "numba": ("conv07 warp-tiled implicit GEMM (Numba)",
               {"BM": (32, 64, 128), "BN": (64, 128), "BK": (8, 16), "min_blocks": (0, 2, 3)}),
     "cuda": ("conv09 implicit GEMM (CUDA C, cp.async)",
              {"BM": (64, 128), "BN": (64, 128), "BK": (8, 16), "STAGES": (3, 4),

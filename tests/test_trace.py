@@ -667,3 +667,21 @@ def test_one_access_is_one_site_after_the_interpreter_specializes():
     labels = [s["label"] for s in t.sites]
     assert len(labels) == 3, labels  # x load, w load, y store
     assert labels[2].endswith("y[n, k, p, q]")
+
+
+def test_unrolled_kernels_keep_their_array_names():
+    """`_blocking.unrolled` registers the rewritten source with linecache, so the tracer
+    names conv05's shared arrays (As, Bs) instead of 'shared@<line>'."""
+    from numba import cuda
+
+    from convlab import check
+    from convlab.kernels import conv05_implicit_gemm as c5
+
+    rng = np.random.default_rng(3)
+    xs = cuda.to_device(check.random_array((1, 5, 6, 7), rng))
+    ws = cuda.to_device(check.random_array((9, 5, 3, 3), rng))
+    ys = cuda.device_array((1, 9, 6, 7), np.float32)
+    t = trace.trace_launch(c5.conv2d_implicit_gemm, xs, ws, ys, padding=1)
+    names = {r["array"] for r in t.shared_stats()}
+    assert {"As", "Bs"} <= names, names
+    assert not any(n.startswith("shared@") for n in names)

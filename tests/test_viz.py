@@ -204,3 +204,27 @@ def test_mma_shapes_count_the_multiply_adds():
     assert len(fig.axes[0].patches) == len(viz.MMA_SHAPES)
     text = _texts(fig)
     assert "64 multiply-adds" in text and f"{64 * 256 * 16:,} multiply-adds" in text
+
+
+def test_show_diff_shows_only_what_the_rung_adds():
+    def before(a):
+        x = a + 1
+        y = x * 2
+        return y
+
+    def after(a):
+        x = a + 1
+        y = x * 3
+        return y
+
+    text = viz.show_diff(before, after, context=0).data
+    changed = [ln[0] + ln[1:].strip() for ln in text.splitlines()
+               if ln[:1] in "+-" and ln[:3] not in ("---", "+++") and " def " not in ln]
+    assert changed == ["-y = x * 2", "+y = x * 3"]
+
+
+def test_warp_tiles_picture_counts_what_a_warp_covers():
+    fig = viz.draw_warp_tiles(TX=16, TY=8)
+    rows, patches = (ax.get_title() for ax in fig.axes[:2])
+    assert "16 thread columns (pixels) x 2 rows" in rows
+    assert "8 thread columns (pixels) x 4 rows" in patches

@@ -25,7 +25,7 @@ import numpy as np
 from numba import cuda, float32
 
 from ..runtime import is_simulator
-from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from ._launch import Unsupported, ceil_div, configured, conv_launch_params, launcher
 
 SIM = is_simulator()
 SMEM_ALIGN = None if SIM else 16  # bytes; None: the simulator refuses the argument
@@ -139,8 +139,9 @@ class ConvPlan:
     allocating the filter matrix (``cudaMalloc``; Numba's deferred ``cudaFree`` then
     synchronizes the device now and then) and converting 18 scalar arguments cost more
     than a 0.2 ms kernel. The plan keeps the checked ConvParams, the grid, the scalar
-    parameters as a small device array, and a scratch buffer for the rearranged filters
-    (rewritten by every call: calls on one stream are ordered, so reuse is safe).
+    parameters as a small device array, a scratch buffer for the rearranged filters
+    (rewritten by every call: calls on one stream are ordered, so reuse is safe) and the
+    weight transform's configured launch (`configured`).
     """
 
     p: object
@@ -149,6 +150,7 @@ class ConvPlan:
     wt: object
     Cp: int
     tile: tuple | None = None
+    rsck: object = None
 
 
 _PLANS: dict = {}
@@ -179,7 +181,9 @@ def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK,
     prm = cuda.to_device(np.array([p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph,
                                    pw, dh, dw, Cp], dtype=np.int64))
     wt = cuda.device_array(p.R * p.S * Cp * p.K, dtype=np.float32)
-    plan = ConvPlan(p, conv_grid(p, BM, BN), prm, wt, Cp, tile)
+    n = wt.shape[0]
+    plan = ConvPlan(p, conv_grid(p, BM, BN), prm, wt, Cp, tile,
+                    configured(rsck_weights_kernel, ceil_div(n, 256), 256))
     if key is not None:
         if len(_PLANS) > 256:
             _PLANS.clear()
@@ -188,9 +192,12 @@ def conv_plan(name, x, w, out, stride, padding, dilation, groups, BM, BN, BK,
 
 
 def rsck_weights_into(plan: ConvPlan, w):
-    """Rearrange w into plan.wt (the (R*S*Cp, K) matrix of `rsck_weights_kernel`)."""
-    n = plan.wt.shape[0]
-    rsck_weights_kernel[ceil_div(n, 256), 256](w, plan.wt, plan.Cp)
+    """Rearrange w into plan.wt (the (R*S*Cp, K) matrix of `rsck_weights_kernel`): on
+    every call, so new filter values are always used."""
+    if plan.rsck is None:
+        n = plan.wt.shape[0]
+        plan.rsck = configured(rsck_weights_kernel, ceil_div(n, 256), 256)
+    plan.rsck(w, plan.wt, plan.Cp)
     return plan.wt
 
 
@@ -219,15 +226,22 @@ def flat(a):
 
 def igemm_launcher(kernel, name: str):
     """A conv launcher (common signature) for an implicit-GEMM kernel with a ``tile`` dict
-    (BM, BN, BK, threads): cached plan, filters rearranged, one launch."""
+    (BM, BN, BK, threads): cached plan, filters rearranged, one launch (the kernel
+    configured once per grid)."""
     t = kernel.tile
+    runs: dict = {}
 
     @launcher
     def conv2d_igemm(x, w, out, stride=1, padding=0, dilation=1, groups=1):
         plan = conv_plan(name, x, w, out, stride, padding, dilation, groups, t["BM"], t["BN"],
                          t["BK"])
         wt = rsck_weights_into(plan, w)
-        kernel[plan.grid, t["threads"]](flat(x), wt, flat(out), plan.prm)
+        run = runs.get(plan.grid)
+        if run is None:
+            if len(runs) >= 256:
+                runs.clear()
+            run = runs[plan.grid] = configured(kernel, plan.grid, t["threads"])
+        run(flat(x), wt, flat(out), plan.prm)
         return out
 
     conv2d_igemm.__name__ = name
@@ -290,6 +304,9 @@ class _Unroller:
         return out
 
 
+_UNROLLED = [0]  # how many kernels `unrolled` has rewritten (unique file names)
+
+
 def unrolled(fn):
     """Return fn with every ``for v in unroll(n):`` loop written out n times.
 
@@ -299,6 +316,7 @@ def unrolled(fn):
     """
     import ast
     import inspect
+    import linecache
     import textwrap
 
     env = dict(fn.__globals__)
@@ -308,9 +326,13 @@ def unrolled(fn):
     func = tree.body[0]
     func.decorator_list = []
     func.body = _Unroller(env).visit_body(func.body)
-    ast.fix_missing_locations(tree)
-    code = compile(tree, f"<unrolled {fn.__name__}>", "exec")
-    exec(code, env)  # noqa: S102  (our own kernel source, rewritten)
+    source = ast.unparse(func)
+    # compiled from its own text, registered with linecache: tracebacks and the tracer's
+    # array names (`convlab.trace`) read the lines of the unrolled kernel
+    _UNROLLED[0] += 1
+    filename = f"<unrolled {fn.__name__} #{_UNROLLED[0]}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), env)  # noqa: S102  (our own kernel, rewritten)
     new = env[fn.__name__]
-    new.unrolled_source = ast.unparse(func)
+    new.unrolled_source = source
     return new

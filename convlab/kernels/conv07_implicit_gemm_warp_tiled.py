@@ -31,7 +31,8 @@ from .conv05_implicit_gemm import Config, picked
 
 
 def make_kernel(BM=64, BN=128, BK=8, TM=8, TN=8, min_blocks=None):
-    """Pipelined implicit-GEMM kernel: BM filters x BN output pixels per block."""
+    """Warp-tiled, double-buffered implicit-GEMM kernel: BM filters x BN output pixels per
+    block."""
     TX, TY = BN // TN, BM // TM
     NT = TX * TY
     HM, HN = TM // 2, TN // 2

@@ -1,4 +1,4 @@
-"""Ladder step 8: the pipelined implicit GEMM with its tile shape chosen per layer.
+"""Ladder step 8: the warp-tiled implicit GEMM of step 7 with its tile shape chosen per layer.
 
 No single tile shape is best for every layer. A block tile of BM filters x BN pixels
 makes ceil(K/BM) * ceil(N*P*Q/BN) blocks: 64 filters (ResNet's first 3x3 layers) waste

@@ -1,6 +1,6 @@
 """The tile sweep of lessons 07 and 09, and the per-layer table conv08 / conv09 use.
 
-Every candidate tile shape of the two fastest conv families (conv07 pipelined Numba,
+Every candidate tile shape of the two fastest conv families (conv07 warp-tiled Numba,
 compiled in parallel worker processes by ``autotune.tune(..., workers=n)``; conv09 CUDA C,
 one NVRTC module) is checked on the three ResNet layers at batch 32 and timed beside cuDNN
 fp32 (TF32 off), and the double-buffered GEMM's tiles beside cuBLAS at 4096^3; the
