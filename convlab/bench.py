@@ -95,6 +95,104 @@ def time_gpu(fn: Callable, *args, warmup: int = 3, repeat: int = 15, group_ms: f
     return Timing(samples, f"cuda events, median of {repeat}×{inner} calls")
 
 
+_K: dict = {}
+
+
+def _timing_kernels():
+    """The spin kernel of `time_gpu_queued` and an empty kernel (launch overhead)."""
+    if _K:
+        return _K
+    c = cuda()
+    from numba import float32
+
+    @c.jit
+    def spin(out, n):
+        # one thread, one dependent chain of multiply-adds: n * ~4 cycles of GPU time
+        x = out[0]
+        for _ in range(n):
+            x = x * float32(0.9999999) + float32(1e-7)
+        out[0] = x
+
+    @c.jit
+    def empty(a):
+        pass
+
+    _K.update(spin=spin, empty=empty)
+    return _K
+
+
+def _spin_ns_per_iter() -> float:
+    if "ns_per_iter" not in _K:
+        c = cuda()
+        k = _timing_kernels()["spin"]
+        buf = c.to_device(np.ones(1, np.float32))
+        k[1, 1](buf, 10)
+        c.synchronize()
+        n = 200_000
+        start, end = c.event(), c.event()
+        start.record()
+        k[1, 1](buf, n)
+        end.record()
+        end.synchronize()
+        _K["ns_per_iter"] = c.event_elapsed_time(start, end) * 1e6 / n
+        _K["buf"] = buf
+    return _K["ns_per_iter"]
+
+
+def launch_cost_us(fn, *args, calls: int = 200, **kwargs) -> float:
+    """CPU time of one asynchronous call of fn from Python (µs): the launch overhead."""
+    require_gpu("launch_cost_us")
+    c = cuda()
+    fn(*args, **kwargs)
+    c.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    us = (time.perf_counter() - t) / calls * 1e6
+    c.synchronize()
+    return us
+
+
+def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Timing:
+    """GPU time of fn (ms), with `calls` launches queued behind a spin kernel.
+
+    The spin kernel runs until all `calls` launches are in the queue (checked: its end
+    event must still be pending when the last launch returns; if not, the spin doubles
+    and the sample is taken again), so the kernels run back to back and the events
+    measure the GPU, not Python.
+    """
+    require_gpu("time_gpu_queued")
+    c = cuda()
+    k = _timing_kernels()["spin"]
+    ns = _spin_ns_per_iter()
+    for _ in range(3):
+        fn(*args, **kwargs)
+    c.synchronize()
+    cpu_ms = launch_cost_us(fn, *args, calls=calls, **kwargs) * calls / 1e3
+    spin_ms = 2 * cpu_ms + 0.2
+    start, end, spun = c.event(), c.event(), c.event()
+    samples = []
+    tries = 0
+    while len(samples) < repeat:
+        k[1, 1](_K["buf"], int(spin_ms * 1e6 / ns))
+        spun.record()
+        start.record()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        end.record()
+        covered = not spun.query()  # the spin is still running: the queue was full
+        end.synchronize()
+        if covered:
+            samples.append(c.event_elapsed_time(start, end) / calls)
+        else:
+            spin_ms *= 2
+            tries += 1
+            if tries > 6:
+                raise RuntimeError("time_gpu_queued: could not keep the GPU queue full")
+    return Timing(samples, f"cuda events, {calls} calls queued behind a spin kernel, "
+                           f"median of {repeat}")
+
+
 def time_cpu(fn: Callable, *args, warmup: int = 1, repeat: int = 5, **kwargs) -> Timing:
     """Median wall time of a CPU function, in ms (perf_counter)."""
     for _ in range(warmup):
@@ -183,18 +281,21 @@ class Ladder:
 
 def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int = 0,
                repeat: int = 15, precision: dict | None = None, verbose: bool = True,
-               clock=None) -> Ladder:
-    """Check every Impl on the same random inputs, then time each; one Ladder table.
+               clock=None, rounds: int = 3) -> Ladder:
+    """Check every Impl on the same random inputs, then time them all; one Ladder table.
 
     An Impl that fails the check (or raises) is not timed: it comes back in
-    ``Ladder.not_timed`` with the stage it failed at and why. precision maps an Impl name
-    to 'tf32' / 'fp16' for library rows that are not fp32. clock: an object whose
-    ``time_gpu(fn, *args, repeat=)`` returns a `Timing` (default: `time_gpu`, CUDA events;
-    `convlab.measure.FakeClock` for dry runs under the simulator).
+    ``Ladder.not_timed`` with the stage it failed at and why. The checked Impls are timed
+    in `rounds` interleaved rounds (A B C A B C ...), ``repeat`` samples each in all, so
+    that a drift of the GPU's clock during the run touches every row alike. Times are GPU
+    times: launches queued behind a spin kernel (`time_gpu_queued`), so a launcher's
+    Python work cannot show as kernel time. precision maps an Impl name to 'tf32' / 'fp16'
+    for library rows that are not fp32. clock: an object whose ``time_gpu(fn, *args,
+    repeat=)`` returns a `Timing` (`convlab.measure.FakeClock` for dry runs).
     """
     if clock is None:
         require_gpu("bench_conv")
-    timer = clock.time_gpu if clock is not None else time_gpu
+    timer = clock.time_gpu if clock is not None else time_gpu_queued
     precision = precision or {}
     rng = np.random.default_rng(seed)
     case = check.reference_case(check.random_array(problem.x_shape, rng),
@@ -202,6 +303,7 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
                                 **problem.kwargs)
     x, w = case["inputs"]
     lad = Ladder(str(problem), problem.flops, problem.bytes, baseline)
+    checked = []  # (impl, state, comparison), in the order given
     for impl in impls:
         stage = "prepare"
         try:
@@ -214,15 +316,30 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
                                  precision.get(impl.name, "fp32"))
             if not comp.ok:
                 raise check.CheckError(comp.summary())
-            stage = "timing"
-            t = timer(impl.run, state, repeat=repeat)
+            checked.append((impl, state, comp))
         except Exception as e:  # noqa: BLE001  (one broken version must not stop the ladder)
             lad.not_timed.append(dict(name=impl.name, stage=stage,
                                       error=f"{type(e).__name__}: {str(e)[:300]}"))
-            continue
-        lad.rows.append(Row(impl.name, impl.kind, t.median_ms, t.spread,
-                            t.tflops(problem.flops), t.gbps(problem.bytes), comp.max_rel))
-        del state
+    samples, method = {impl.name: [] for impl, _, _ in checked}, {}
+    per_round = max(1, -(-repeat // max(1, rounds)))
+    for _ in range(max(1, rounds)):
+        for impl, state, _ in checked:
+            if impl.name not in samples:
+                continue  # failed to time in an earlier round
+            try:
+                t = timer(impl.run, state, repeat=per_round)
+                samples[impl.name] += list(t.samples_ms)
+                method[impl.name] = t.method
+            except Exception as e:  # noqa: BLE001
+                del samples[impl.name]
+                lad.not_timed.append(dict(name=impl.name, stage="timing",
+                                          error=f"{type(e).__name__}: {str(e)[:300]}"))
+    for impl, _, comp in checked:
+        if impl.name in samples:
+            t = Timing(samples[impl.name], f"{method[impl.name]}, {rounds} interleaved rounds")
+            lad.rows.append(Row(impl.name, impl.kind, t.median_ms, t.spread,
+                                t.tflops(problem.flops), t.gbps(problem.bytes), comp.max_rel))
+    del checked
     base = next((r for r in lad.rows if r.name == baseline), None)
     for r in lad.rows:
         r.pct_of_baseline = 100 * base.ms / r.ms if base else None

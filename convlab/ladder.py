@@ -83,7 +83,7 @@ def library_facts(prob) -> dict:
                                                       x, w)
         g = baselines.same_shape_gemm_impl(prob)
         state = g.prepare(x, w)
-        t = bench.time_gpu(g.run, state, repeat=15)
+        t = bench.time_gpu_queued(g.run, state, repeat=15)
         out["same_gemm"] = dict(name=g.name, ms=t.median_ms, tflops=t.tflops(prob.flops))
     except Exception as e:  # noqa: BLE001  (no PyTorch: the ladder still stands)
         out["library_facts_error"] = f"{type(e).__name__}: {e}"
@@ -267,7 +267,7 @@ def run_gemm_ladder(n: int | None = None, kernels: dict | None = None, repeat: i
 
     A kernel that fails its check (or raises) is not timed: its reason is in "errors".
     """
-    timer = clock.time_gpu if clock is not None else bench.time_gpu
+    timer = clock.time_gpu if clock is not None else bench.time_gpu_queued
     import numpy as np
 
     from . import baselines, check
@@ -338,7 +338,7 @@ def sweep_kernels() -> dict:
 def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                     repeat: int = 10, seed: int = 1, clock=None) -> dict:
     """Time `kernels` and cuDNN fp32 on each layer at each batch size (checked first)."""
-    timer = clock.time_gpu if clock is not None else bench.time_gpu
+    timer = clock.time_gpu if clock is not None else bench.time_gpu_queued
     import numpy as np
 
     from . import baselines, check

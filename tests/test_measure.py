@@ -138,12 +138,35 @@ def test_bench_conv_returns_not_timed_rows_with_their_stage():
     lad = bench.bench_conv([good, bad, unprepared], prob, baseline="coalesced",
                            verbose=False, clock=clock)
     assert [r.name for r in lad.rows] == ["coalesced"] and lad.rows[0].ms == 2.0
-    assert clock.calls == 1  # only the correct one was timed
+    assert clock.calls == 3  # only the correct one was timed, once per round
     stages = {d["name"]: d["stage"] for d in lad.not_timed}
     assert stages == {"wrong": "check", "unprepared": "prepare"}
     assert lad.not_timed[0]["error"].startswith("CheckError")
     assert lad.to_dict()["not_timed"] == lad.not_timed
     assert "not timed (prepare): MemoryError: no room" in lad.table()
+
+
+def test_bench_conv_times_in_interleaved_rounds():
+    """Rows are timed A B A B (so a clock drift touches every row alike), each row's samples
+    pooled over the rounds; the row order stays the order given."""
+    from convlab.kernels import CONV_LADDER
+
+    prob = problems.ConvProblem("odd", 1, 3, 7, 5, 2)
+    impls = [bench.launcher_impl(n, CONV_LADDER[n], prob) for n in ("naive", "coalesced")]
+    names = {impl.run: impl.name for impl in impls}
+    order = []
+
+    def time_gpu(fn, *args, repeat=None, **kwargs):  # sample value: the call's position
+        order.append(names[fn])
+        return bench.Timing([float(len(order))] * repeat, "recorded")
+
+    clock = FakeClock()
+    clock.time_gpu = time_gpu
+    lad = bench.bench_conv(impls, prob, verbose=False, clock=clock, repeat=4, rounds=2)
+    assert order == ["naive", "coalesced", "naive", "coalesced"]
+    ms = {r.name: r.ms for r in lad.rows}
+    assert [r.name for r in lad.rows] == ["naive", "coalesced"]
+    assert ms == {"naive": 2.0, "coalesced": 3.0}  # medians of [1, 1, 3, 3] and [2, 2, 4, 4]
 
 
 def test_bench_conv_without_a_clock_refuses_under_the_simulator():

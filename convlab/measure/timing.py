@@ -1,4 +1,5 @@
-"""GPU time of short kernels, transfers and launch overhead (lessons 04-06).
+"""Transfers and launch overhead (lessons 04-06); `time_gpu_queued` and `launch_cost_us`
+live in `convlab.bench` (the ladder times with them too) and are re-exported here.
 
 Why `time_gpu_queued` exists: launching a Numba kernel from Python costs the CPU about
 20-40 µs. `bench.time_gpu` launches a kernel many times in a row and divides the event
@@ -14,104 +15,9 @@ import time
 
 import numpy as np
 
-from ..bench import Timing, require_gpu
+from ..bench import _timing_kernels as _kernels
+from ..bench import launch_cost_us, require_gpu, time_gpu_queued  # noqa: F401  (re-exported)
 from ..runtime import cuda
-
-_K: dict = {}
-
-
-def _kernels():
-    if _K:
-        return _K
-    c = cuda()
-    from numba import float32
-
-    @c.jit
-    def spin(out, n):
-        # one thread, one dependent chain of multiply-adds: n * ~4 cycles of GPU time
-        x = out[0]
-        for _ in range(n):
-            x = x * float32(0.9999999) + float32(1e-7)
-        out[0] = x
-
-    @c.jit
-    def empty(a):
-        pass
-
-    _K.update(spin=spin, empty=empty)
-    return _K
-
-
-def _spin_ns_per_iter() -> float:
-    if "ns_per_iter" not in _K:
-        c = cuda()
-        k = _kernels()["spin"]
-        buf = c.to_device(np.ones(1, np.float32))
-        k[1, 1](buf, 10)
-        c.synchronize()
-        n = 200_000
-        start, end = c.event(), c.event()
-        start.record()
-        k[1, 1](buf, n)
-        end.record()
-        end.synchronize()
-        _K["ns_per_iter"] = c.event_elapsed_time(start, end) * 1e6 / n
-        _K["buf"] = buf
-    return _K["ns_per_iter"]
-
-
-def launch_cost_us(fn, *args, calls: int = 200, **kwargs) -> float:
-    """CPU time of one asynchronous call of fn from Python (µs): the launch overhead."""
-    require_gpu("launch_cost_us")
-    c = cuda()
-    fn(*args, **kwargs)
-    c.synchronize()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn(*args, **kwargs)
-    us = (time.perf_counter() - t) / calls * 1e6
-    c.synchronize()
-    return us
-
-
-def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Timing:
-    """GPU time of fn (ms), with `calls` launches queued behind a spin kernel.
-
-    The spin kernel runs until all `calls` launches are in the queue (checked: its end
-    event must still be pending when the last launch returns; if not, the spin doubles
-    and the sample is taken again), so the kernels run back to back and the events
-    measure the GPU, not Python.
-    """
-    require_gpu("time_gpu_queued")
-    c = cuda()
-    k = _kernels()["spin"]
-    ns = _spin_ns_per_iter()
-    for _ in range(3):
-        fn(*args, **kwargs)
-    c.synchronize()
-    cpu_ms = launch_cost_us(fn, *args, calls=calls, **kwargs) * calls / 1e3
-    spin_ms = 2 * cpu_ms + 0.2
-    start, end, spun = c.event(), c.event(), c.event()
-    samples = []
-    tries = 0
-    while len(samples) < repeat:
-        k[1, 1](_K["buf"], int(spin_ms * 1e6 / ns))
-        spun.record()
-        start.record()
-        for _ in range(calls):
-            fn(*args, **kwargs)
-        end.record()
-        covered = not spun.query()  # the spin is still running: the queue was full
-        end.synchronize()
-        if covered:
-            samples.append(c.event_elapsed_time(start, end) / calls)
-        else:
-            spin_ms *= 2
-            tries += 1
-            if tries > 6:
-                raise RuntimeError("time_gpu_queued: could not keep the GPU queue full")
-    return Timing(samples, f"cuda events, {calls} calls queued behind a spin kernel, "
-                           f"median of {repeat}")
 
 
 def transfer_table(sizes=(2**12, 2**16, 2**20, 2**24, 2**28), repeat: int = 7) -> list:
