@@ -9,7 +9,8 @@
    verified and timed beside cuDNN fp32 / tf32 / bf16 / fp16 (NCHW and NHWC); tile sweep;
    "wmma_conv_checker" / "wmma_gemm_checker": the course checkers at fp16 tolerance;
 3. "throughput_ratio": source 002's "12x", fp16 tensor-core GEMM vs fp32 (8192^3);
-4. "census": ResNet-18 (batch 32, 224x224): FLOPs and GPU time by kind of layer.
+4. "census": ResNet-18 (224x224, batch 32 and lesson 00's batch): FLOPs, and GPU time by
+   kind of layer (CUDA graph replay and profiler kernel times) with the CPU issue time.
 
 Everything but the census's FLOP count needs CuPy and a CUDA PyTorch; a dry run skips
 those sections (tools/wmma_emulate.py tests the WMMA kernels' logic on the CPU). Stored
@@ -230,11 +231,13 @@ def wmma_gemm_checker(ctx):
 @section("census", lessons=("13",))
 def census_section(ctx):
     """ResNet-18's FLOPs by kind of layer, and (with a CUDA PyTorch) its GPU time by kind
-    at fp32, tf32 and fp16 NHWC."""
+    at fp32, tf32 and fp16 NHWC (`census.census_precisions`: CUDA graph replay, profiler
+    kernel times, the eager call's CPU issue time beside); at batch 32 (lesson 13, the top
+    level) and at lesson 00's batch ("by_batch")."""
     ctx.need("torch")
     import torch
 
-    batch, side, runs = ctx.pick((32, 224, 5), (2, 32, 1))
+    batch, side, runs = ctx.pick((32, 224, 20), (2, 32, 1))
     flops = census.census_flops(census.resnet18(), (1, 3, side, side))
     res = dict(batch=batch, side=side, flops={k: v * batch for k, v in flops.items()})
     if ctx.dry or not torch.cuda.is_available():
@@ -242,12 +245,17 @@ def census_section(ctx):
         return res
     if ctx.clock.fake:
         raise Skip("census timing uses its own CUDA events")
-    x = torch.randn(batch, 3, side, side).cuda()
-    torch.backends.cudnn.benchmark = True
-    for label, dtype, cl, prec in (("fp32", None, False, "fp32"), ("tf32", None, False, "tf32"),
-                                   ("fp16 NHWC", torch.float16, True, "fp32")):
-        baselines.set_torch_precision(prec)
-        res[label] = census.census_time(census.resnet18(), x, runs=runs, dtype=dtype,
-                                        channels_last=cl)
-    baselines.set_torch_precision("fp32")
+    res = census.census_precisions(batch, side, runs=runs)
+    small = problems.cpu_sizes(real=True)["cnn_batch"]  # lesson 00's batch
+    res["by_batch"] = {str(small): census.census_precisions(small, side, runs=runs)}
+    res["method"] = ("GPU ms by kind: PyTorch profiler kernel times of one eager pass, "
+                     "attributed to the layer that launched them; graph_ms: the pass in a "
+                     "CUDA graph, replay timed by CUDA events (median); eager_ms / issue_ms: "
+                     "wall time of the eager call with / without waiting for the GPU")
+    for b, r in [(batch, res), (small, res["by_batch"][str(small)])]:
+        for label, *_ in census.PRECISIONS:
+            t = r[label]
+            ctx.log(f"batch {b} {label}: conv {t['conv_share_pct']:.0f}% of "
+                    f"{t['kernel_ms']:.2f} ms kernel time; graph {t['graph_ms']:.2f} ms, "
+                    f"eager {t['eager_ms']:.2f} ms (issue {t['issue_ms']:.2f} ms)")
     return res
