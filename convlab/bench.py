@@ -95,6 +95,10 @@ def time_gpu(fn: Callable, *args, warmup: int = 3, repeat: int = 15, group_ms: f
     return Timing(samples, f"cuda events, median of {repeat}×{inner} calls")
 
 
+class QueueNotFull(RuntimeError):
+    """`time_gpu_queued` could not queue the calls: each one waits for the GPU."""
+
+
 _K: dict = {}
 
 
@@ -188,9 +192,40 @@ def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Ti
             spin_ms *= 2
             tries += 1
             if tries > 6:
-                raise RuntimeError("time_gpu_queued: could not keep the GPU queue full")
+                raise QueueNotFull("time_gpu_queued: could not keep the GPU queue full (does "
+                                   "the call wait for the GPU, e.g. a synchronous copy?)")
     return Timing(samples, f"cuda events, {calls} calls queued behind a spin kernel, "
                            f"median of {repeat}")
+
+
+def time_call(fn: Callable, *args, calls: int | None = None, repeat: int = 5,
+              warmup: int = 3, loop_ms: float = 10.0, **kwargs) -> Timing:
+    """Wall time per call of fn in a Python loop, synchronized at the end, in ms.
+
+    What a learner's loop pays per call: the larger of the call's Python and launch work
+    and its GPU time (`time_gpu_queued` measures only the GPU). calls: calls per sample
+    (default: enough to last about loop_ms, 3 to 500); a sample is (loop + synchronize)
+    / calls.
+    """
+    require_gpu("time_call")
+    c = cuda()
+    for _ in range(warmup):
+        fn(*args, **kwargs)
+    c.synchronize()
+    if calls is None:
+        t = time.perf_counter()
+        fn(*args, **kwargs)
+        c.synchronize()
+        once = max(time.perf_counter() - t, 1e-6) * 1e3
+        calls = max(3, min(500, int(loop_ms / once)))
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn(*args, **kwargs)
+        c.synchronize()
+        samples.append((time.perf_counter() - t) / calls * 1e3)
+    return Timing(samples, f"wall clock, {calls} calls then synchronize, median of {repeat}")
 
 
 def time_cpu(fn: Callable, *args, warmup: int = 1, repeat: int = 5, **kwargs) -> Timing:
@@ -248,6 +283,7 @@ class Row:
     gbps: float
     max_rel_err: float
     pct_of_baseline: float | None = None
+    call_ms: float | None = None  # wall time per call from a Python loop (`time_call`)
 
 
 @dataclass
@@ -263,12 +299,15 @@ class Ladder:
 
     def table(self) -> str:
         head = f"{self.problem}  ({self.flops / 1e9:.2f} GFLOP, {self.bytes / 1e6:.1f} MB)"
-        lines = [head, f"{'version':<24}{'ms':>9}{'TFLOP/s':>9}{'GB/s':>8}{'% base':>8}"
-                 f"{'rel err':>9}"]
+        lines = [head, f"{'version':<24}{'ms':>9}{'call ms':>9}{'TFLOP/s':>9}{'GB/s':>8}"
+                 f"{'% base':>8}{'rel err':>9}"]
         for r in self.rows:
             pct = f"{r.pct_of_baseline:7.1f}%" if r.pct_of_baseline is not None else "      -"
-            lines.append(f"{r.name:<24}{r.ms:9.4f}{r.tflops:9.2f}{r.gbps:8.0f} {pct}"
+            call = f"{r.call_ms:9.4f}" if r.call_ms is not None else "        -"
+            lines.append(f"{r.name:<24}{r.ms:9.4f}{call}{r.tflops:9.2f}{r.gbps:8.0f} {pct}"
                          f"{r.max_rel_err:9.1e}")
+        if self.rows:
+            lines.append("ms: GPU time (queued launches); call ms: per call of a Python loop")
         lines += [f"{d['name']:<24} not timed ({d['stage']}): {d['error'][:120]}"
                   for d in self.not_timed]
         return "\n".join(lines)
@@ -291,11 +330,14 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
     times: launches queued behind a spin kernel (`time_gpu_queued`), so a launcher's
     Python work cannot show as kernel time. precision maps an Impl name to 'tf32' / 'fp16'
     for library rows that are not fp32. clock: an object whose ``time_gpu(fn, *args,
-    repeat=)`` returns a `Timing` (`convlab.measure.FakeClock` for dry runs).
+    repeat=)`` returns a `Timing` (`convlab.measure.FakeClock` for dry runs). Each row also
+    gets ``call_ms``, the wall time per call from a Python loop (`time_call`, or the
+    clock's ``time_call``; None if the clock has none or it fails).
     """
     if clock is None:
         require_gpu("bench_conv")
     timer = clock.time_gpu if clock is not None else time_gpu_queued
+    caller = getattr(clock, "time_call", None) if clock is not None else time_call
     precision = precision or {}
     rng = np.random.default_rng(seed)
     case = check.reference_case(check.random_array(problem.x_shape, rng),
@@ -327,18 +369,29 @@ def bench_conv(impls: list, problem, *, baseline: str | None = None, seed: int =
             if impl.name not in samples:
                 continue  # failed to time in an earlier round
             try:
-                t = timer(impl.run, state, repeat=per_round)
+                try:
+                    t = timer(impl.run, state, repeat=per_round)
+                except QueueNotFull:  # the call synchronizes: time it back to back instead
+                    t = time_gpu(impl.run, state, repeat=per_round)
+                    t.method = "cuda events, back to back (the call waits for the GPU)"
                 samples[impl.name] += list(t.samples_ms)
                 method[impl.name] = t.method
             except Exception as e:  # noqa: BLE001
                 del samples[impl.name]
                 lad.not_timed.append(dict(name=impl.name, stage="timing",
                                           error=f"{type(e).__name__}: {str(e)[:300]}"))
-    for impl, _, comp in checked:
+    for impl, state, comp in checked:
         if impl.name in samples:
             t = Timing(samples[impl.name], f"{method[impl.name]}, {rounds} interleaved rounds")
+            call = None
+            if caller is not None:
+                try:
+                    call = caller(impl.run, state, repeat=3).median_ms
+                except Exception:  # noqa: BLE001  (the GPU time stands without it)
+                    call = None
             lad.rows.append(Row(impl.name, impl.kind, t.median_ms, t.spread,
-                                t.tflops(problem.flops), t.gbps(problem.bytes), comp.max_rel))
+                                t.tflops(problem.flops), t.gbps(problem.bytes), comp.max_rel,
+                                call_ms=call))
     del checked
     base = next((r for r in lad.rows if r.name == baseline), None)
     for r in lad.rows:

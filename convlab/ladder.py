@@ -206,14 +206,18 @@ def summary(result: dict) -> dict:
 
 
 def ladder_table(lad: dict) -> str:
-    """One layer: version, ms, TFLOP/s, % of cuDNN fp32, % of roofline, max rel error."""
+    """One layer: version, ms (GPU time), call ms (per call of a Python loop; '-' in runs
+    stored before it was measured), TFLOP/s, % of cuDNN fp32, % of roofline, rel error."""
     head = f"{lad['problem']}  ({lad['flops'] / 1e9:.2f} GFLOP)"
-    lines = [head, f"{'version':<26}{'ms':>9}{'TFLOP/s':>9}{'% cuDNN':>9}{'% roof':>8}"
-                   f"{'rel err':>9}"]
+    lines = [head, f"{'version':<26}{'ms':>9}{'call ms':>9}{'TFLOP/s':>9}{'% cuDNN':>9}"
+                   f"{'% roof':>8}{'rel err':>9}"]
     for r in lad["rows"]:
         pct = r.get("pct_of_baseline")
         roof = r.get("pct_roofline")
-        lines.append(f"{r['name']:<26}{r['ms']:9.4f}{r['tflops']:9.2f}"
+        call = r.get("call_ms")
+        lines.append(f"{r['name']:<26}{r['ms']:9.4f}"
+                     f"{(f'{call:9.4f}') if call is not None else '        -'}"
+                     f"{r['tflops']:9.2f}"
                      f"{(f'{pct:8.1f}%') if pct is not None else '        -'}"
                      f"{(f'{roof:7.1f}%') if roof is not None else '       -'}"
                      f"{r['max_rel_err']:9.1e}")

@@ -138,7 +138,8 @@ def test_bench_conv_returns_not_timed_rows_with_their_stage():
     lad = bench.bench_conv([good, bad, unprepared], prob, baseline="coalesced",
                            verbose=False, clock=clock)
     assert [r.name for r in lad.rows] == ["coalesced"] and lad.rows[0].ms == 2.0
-    assert clock.calls == 3  # only the correct one was timed, once per round
+    # only the correct one was timed: once per round, then once for its call time
+    assert clock.calls == 4 and lad.rows[0].call_ms == 2.0
     stages = {d["name"]: d["stage"] for d in lad.not_timed}
     assert stages == {"wrong": "check", "unprepared": "prepare"}
     assert lad.not_timed[0]["error"].startswith("CheckError")

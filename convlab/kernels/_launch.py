@@ -61,6 +61,52 @@ def direct_launch_args(name: str, x, w, out, stride, padding, dilation, groups):
     return p, scalars
 
 
+PLAN_LIMIT = 256  # launch plans a launcher keeps (one per layer shape and arguments)
+
+
+def remember(cache: dict, key, plan):
+    """Store ``cache[key] = plan`` (key None: an unhashable call, not stored) and return plan.
+
+    A launcher called in a loop plans once per shape: checks, tiling and the configured
+    kernel (``kernel[grid, block, stream]``) come from the plan. A key holds shapes,
+    dtypes and arguments (and values read at this very call, such as filter taps that
+    are compiled in), never a buffer's address or contents from an earlier call: the
+    kernels read the buffers afresh at every launch.
+    """
+    if key is not None:
+        if len(cache) >= PLAN_LIMIT:
+            cache.clear()
+        cache[key] = plan
+    return plan
+
+
+def configured(kernel, grid, block, stream=0):
+    """``kernel[grid, block, stream]``, made once and called for every launch of a plan.
+
+    On a GPU that is Numba's launch configuration object. The simulator's ``kernel[...]``
+    sets the grid on the kernel itself and returns the kernel, so a kept one would take the
+    grid of whichever plan configured it last: there the launch configures on every call.
+    Both have ``dispatcher``, ``griddim`` and ``blockdim`` (for a bare launch to compare).
+    """
+    from ..runtime import is_simulator
+
+    if is_simulator():
+        return _SimLaunch(kernel, grid, block, stream)
+    return kernel[grid, block, stream]
+
+
+class _SimLaunch:
+    """A launch configuration kept under the simulator: configures at every call."""
+
+    __slots__ = ("dispatcher", "griddim", "blockdim", "stream")
+
+    def __init__(self, kernel, grid, block, stream):
+        self.dispatcher, self.griddim, self.blockdim, self.stream = kernel, grid, block, stream
+
+    def __call__(self, *args):
+        return self.dispatcher[self.griddim, self.blockdim, self.stream](*args)
+
+
 def chosen_launch(name: str, cache: dict, pick, x, w, out, stride, padding, dilation,
                   groups):
     """The launch function `pick(ConvParams)` chose for this layer, remembered per shape and

@@ -32,7 +32,8 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from ..reference import conv_params
-from ._launch import Unsupported, ceil_div, launcher
+from ._blocking import flat
+from ._launch import Unsupported, ceil_div, configured, launcher, remember
 
 # Outputs per thread (down a column) and threads per block, from the H200 sweep of
 # `python -m convlab measure 11` (convlab/results/h200_lessons10_11.json). Stride 1: the
@@ -141,10 +142,13 @@ def depthwise_params(name, x, w, out, stride, padding, dilation, groups):
     return p
 
 
-def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, threads=None,
-           stream=0):
-    """Run the depthwise kernel; V (outputs per thread) and the block size default to
-    `default_tile`."""
+_PLANS: dict = {}
+
+
+def plan(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, threads=None,
+         stream=0) -> tuple:
+    """Check a launch and choose V and the block size (`default_tile` unless given):
+    (the configured kernel, its uint32 scalars)."""
     p = depthwise_params("conv2d_depthwise", x, w, out, stride, padding, dilation, groups)
     tile = default_tile(p.P, p.stride[0])
     v = tile["v"] if v is None else int(v)
@@ -154,9 +158,26 @@ def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, thre
     strips = ceil_div(p.P, v)
     total = p.N * p.C * strips * p.Q
     u = np.uint32
-    k[ceil_div(total, threads), threads, stream](
-        x.reshape(x.size), w.reshape(w.size), out.reshape(out.size), u(p.C), u(p.H), u(p.W),
-        u(p.P), u(p.Q), u(p.padding[0]), u(p.padding[1]), u(strips), u(total))
+    scalars = (u(p.C), u(p.H), u(p.W), u(p.P), u(p.Q), u(p.padding[0]), u(p.padding[1]),
+               u(strips), u(total))
+    return configured(k, ceil_div(total, threads), threads, stream), scalars
+
+
+def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, threads=None,
+           stream=0):
+    """Run the depthwise kernel; V (outputs per thread) and the block size default to
+    `default_tile`. The `plan` is made once per shapes, dtypes, arguments and stream."""
+    try:
+        key = (x.shape, w.shape, out.shape, x.dtype, w.dtype, out.dtype, stride, padding,
+               dilation, groups, v, threads, stream)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not arrays, or unhashable arguments: no cache
+        key = run = None
+    if run is None:
+        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, v,
+                                         threads, stream))
+    kernel, scalars = run
+    kernel(flat(x), flat(w), flat(out), *scalars)
     return out
 
 

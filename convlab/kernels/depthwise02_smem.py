@@ -34,8 +34,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, uint32
 
-from ._blocking import jit_options
-from ._launch import Unsupported, ceil_div, launcher
+from ._blocking import flat, jit_options
+from ._launch import Unsupported, ceil_div, configured, launcher, remember
 from .depthwise01_direct import MAX_TAPS, depthwise_params
 
 NAME = "conv2d_depthwise_smem"
@@ -215,9 +215,15 @@ def default_tiling(N, C, H, W, P, Q, R=3, S=3, stride=1) -> dict:
     return dict(g=1, tp=tp, v=v, threads=threads)
 
 
-def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, g=None, tp=None, v=None,
-           threads=None, stream=0):
-    """Run the kernel; g, tp, v, threads default to `default_tiling` (each can be set)."""
+_PLANS: dict = {}
+
+
+def plan(x, w, out, stride=1, padding=0, dilation=1, groups=None, g=None, tp=None, v=None,
+         threads=None, stream=0) -> tuple:
+    """Check a launch and choose its tiling: (the configured kernel, NC as uint32).
+
+    g, tp, v, threads default to `default_tiling` (each can be set).
+    """
     p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
     s = p.stride[0]
     NC = p.N * p.C
@@ -234,8 +240,27 @@ def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, g=None, tp=N
     blocks = ceil_div(p.P, tp) * ceil_div(NC, g)
     if blocks >= 2**31:
         raise Unsupported(f"{NAME}: {blocks} blocks is too many")
-    k[blocks, int(threads), stream](x.reshape(x.size), w.reshape(w.size), out.reshape(out.size),
-                                    np.uint32(NC))
+    return configured(k, blocks, int(threads), stream), np.uint32(NC)
+
+
+def launch(x, w, out, stride=1, padding=0, dilation=1, groups=None, g=None, tp=None, v=None,
+           threads=None, stream=0):
+    """Run the kernel; g, tp, v, threads default to `default_tiling` (each can be set).
+
+    The `plan` is made once per shapes, dtypes, arguments and stream; a repeat costs a
+    dict lookup, the cached flat views of the arrays and the launch.
+    """
+    try:
+        key = (x.shape, w.shape, out.shape, x.dtype, w.dtype, out.dtype, stride, padding,
+               dilation, groups, g, tp, v, threads, stream)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError):  # not arrays, or unhashable arguments: no cache
+        key = run = None
+    if run is None:
+        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, g, tp,
+                                         v, threads, stream))
+    kernel, nc = run
+    kernel(flat(x), flat(w), flat(out), nc)
     return out
 
 

@@ -26,8 +26,9 @@ Launcher signature (device arrays, float32)::
     filter2d_tiled(image (H, W), kernel (R, S), out (H, W)) -> out
 
 Given a device array, the launcher copies the taps to the host on every call (a few
-bytes, but a synchronization) to pick the compiled kernel; `launch(..., taps=host_array)`
-skips that, and is what the timings use.
+bytes, but a synchronization) to pick the compiled kernel; given the filter as a NumPy
+array (``filter2d_tiled(image, taps, out)``), or `launch(..., taps=host_array)`, it skips
+that, and that is what the timings use.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from ._blocking import flat
 from ._filter import filter_launch_params, jit_options
-from ._launch import Unsupported, ceil_div, launcher
+from ._launch import Unsupported, ceil_div, configured, launcher, remember
 
 # Default tile: TX threads along a row (a full warp), TY rows of threads, V outputs per
 # thread, PAD extra floats per shared-memory row (for the bank-conflict experiments).
@@ -216,18 +218,42 @@ def make_pipelined_kernel(taps, tx: int = 32, ty: int = 8, v: int = 8, pad: int 
     return filter2d_pipelined_kernel
 
 
-def launch(image, kernel, out, tx: int, ty: int, v: int, pad: int = 0, chunks: int = 1,
-           min_blocks: int = 0, taps=None, sync: bool = True):
-    """Run the tiled filter with an explicit tile shape (the sweep and the lessons use it)."""
+_PLANS: dict = {}
+
+
+def plan(image, kernel, out, taps, tx, ty, v, pad=0, chunks=1, min_blocks=0, sync=True):
+    """Check a launch; (the configured kernel compiled for `taps`, its int32 H and W)."""
     H, W, R, S = filter_launch_params("filter2d_tiled", image, kernel, out)
-    if taps is None:
-        taps = kernel.copy_to_host() if hasattr(kernel, "copy_to_host") else np.asarray(kernel)
     if chunks == 1:
         k = make_kernel(taps, tx, ty, v, pad, sync)
     else:
         k = make_pipelined_kernel(taps, tx, ty, v, pad, chunks, min_blocks)
-    k[(ceil_div(W, tx), ceil_div(H, ty * v * chunks)), (tx, ty)](
-        image.reshape(H * W), out.reshape(H * W), np.int32(H), np.int32(W))
+    grid = (ceil_div(W, tx), ceil_div(H, ty * v * chunks))
+    return configured(k, grid, (tx, ty)), np.int32(H), np.int32(W)
+
+
+def launch(image, kernel, out, tx: int, ty: int, v: int, pad: int = 0, chunks: int = 1,
+           min_blocks: int = 0, taps=None, sync: bool = True):
+    """Run the tiled filter with an explicit tile shape (the sweep and the lessons use it).
+
+    taps: the filter on the host (default: `kernel` itself if it is a host array, else a
+    copy of it, read on every call). The `plan` is made once per shapes, dtypes, tile and
+    filter values: the values are part of the key because they are compiled in.
+    """
+    if taps is None:
+        taps = kernel.copy_to_host() if hasattr(kernel, "copy_to_host") else np.asarray(kernel)
+    try:
+        t = np.asarray(taps)
+        key = (image.shape, kernel.shape, out.shape, image.dtype, kernel.dtype, out.dtype,
+               t.dtype, t.shape, t.tobytes(), tx, ty, v, pad, chunks, min_blocks, sync)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError, ValueError):  # not arrays, or unhashable: no cache
+        key = run = None
+    if run is None:
+        run = remember(_PLANS, key, plan(image, kernel, out, taps, tx, ty, v, pad, chunks,
+                                         min_blocks, sync))
+    k, H, W = run
+    k(flat(image), flat(out), H, W)
     return out
 
 

@@ -37,6 +37,10 @@ class GpuClock:
     def time_cpu(self, fn, *args, **kwargs) -> bench.Timing:
         return bench.time_cpu(fn, *args, **kwargs)
 
+    def time_call(self, fn, *args, **kwargs) -> bench.Timing:
+        """Wall time per call of fn from a Python loop, synchronized (`bench.time_call`)."""
+        return bench.time_call(fn, *args, **kwargs)
+
     def launch_cost_us(self, fn, *args, calls: int = 200, **kwargs) -> float:
         return timing.launch_cost_us(fn, *args, calls=calls, **kwargs)
 
@@ -81,7 +85,7 @@ class FakeClock(GpuClock):
         self.calls += 1
         return bench.Timing([self.ms] * 3, self.method)
 
-    time_gpu = queued = time_cpu = _once
+    time_gpu = queued = time_cpu = time_call = _once
 
     def launch_cost_us(self, fn, *args, calls: int = 200, **kwargs) -> float:
         self._once(fn, *args, **kwargs)
