@@ -454,13 +454,14 @@ def test_naive_vs_coalesced_conv_sectors_match_the_hand_count():
         "load", array="x")
     assert ratio == pytest.approx(94 / 13)
     # cache footprints of x: the whole launch touches all 32 rows x 256 bytes = 256 sectors
-    # either way. Per block, coalesced (32 columns x 8 rows, grid 2 x 4): columns 32bx-1..
-    # 32bx+32 clipped -> 5 sectors a row; rows 8by-1..8by+8 clipped -> 9, 10, 10, 9:
-    # 2 * 5 * 38 = 380. Naive (32 rows x 8 columns, grid 1 x 8): 32 rows, columns 8by-1..
-    # 8by+8 clipped -> 2 sectors at the two edges, 3 in between: 32 * (2 + 6*3 + 2) = 704.
+    # either way. Blocks are 128 threads along the flat pixel index, 16 blocks. Coalesced:
+    # block b is rows 2b, 2b+1 (64 columns each); it reads rows 2b-1..2b+2 clipped (3 at
+    # the two edges, 4 in between) of 8 sectors each: 8 * (2*3 + 14*4) = 496. Naive: block
+    # b is columns 4b..4b+3 (32 rows each); it reads columns 4b-1..4b+4 clipped of all 32
+    # rows: 1 sector a row at the two edges, 2 in between: 32 * (2*1 + 14*2) = 960.
     fc, fn = coal.cache_footprint(array="x"), naive.cache_footprint(array="x")
     assert fc["per_launch"] == fn["per_launch"] == 256
-    assert fc["per_block"] == 380 and fn["per_block"] == 704
+    assert fc["per_block"] == 496 and fn["per_block"] == 960
     assert fn["requested"] == pytest.approx(fn["requests"] * 94 / 3)
     # loads per output: taps inside the image, summed: rows (3*32 - 2) x cols (3*64 - 2)
     for t in (naive, coal):
@@ -480,25 +481,25 @@ def test_compare_naive_vs_coalesced_conv_after_l1():
     # with no valid thread is no request: r always has valid rows, s = 0 is outside for
     # q = 0 and s = 2 for q = 63 -> 62 * 9 + 2 * 6 = 570. Coalesced: 64 warps (32 rows x
     # 2 halves of 32 columns); r = 0 is outside for row 0, r = 2 for row 31 -> 564.
-    # Per-block distinct sectors (hand count in the test above): 704 and 380.
+    # Per-block distinct sectors (hand count in the test above): 960 and 496.
     assert naive.cache_footprint(array="x")["requests"] == 570
     assert coal.cache_footprint(array="x")["requests"] == 564
-    assert naive.l2_sectors_per_request("load", array="x") == pytest.approx(704 / 570)
-    assert coal.l2_sectors_per_request("load", array="x") == pytest.approx(380 / 564)
+    assert naive.l2_sectors_per_request("load", array="x") == pytest.approx(960 / 570)
+    assert coal.l2_sectors_per_request("load", array="x") == pytest.approx(496 / 564)
     # after-L1 bytes, all arrays: x as above; w is 36 bytes = 2 sectors, every one of the
-    # 8 blocks uses all 9 taps -> 16; stores: 64 warps x 32 sectors (naive) or x 4
-    assert naive.l2_bytes() == (704 + 16 + 64 * 32) * 32
-    assert coal.l2_bytes() == (380 + 16 + 64 * 4) * 32
+    # 16 blocks uses all 9 taps -> 32; stores: 64 warps x 32 sectors (naive) or x 4
+    assert naive.l2_bytes() == (960 + 32 + 64 * 32) * 32
+    assert coal.l2_bytes() == (496 + 32 + 64 * 4) * 32
     flops = 2 * 32 * 64 * 9
     assert naive.conv_flops() == coal.conv_flops() == flops
     c = trace.compare(naive, coal, names=("naive", "coalesced"), array="x")
     assert c.raw_ratio == pytest.approx(94 / 13)
-    assert c.l2_ratio == pytest.approx((704 / 570) / (380 / 564))
+    assert c.l2_ratio == pytest.approx((960 / 570) / (496 / 564))
     assert c.raw_ratio > c.l2_ratio > 1  # naive worse on both, L1 absorbs most of it
-    assert c.intensity == pytest.approx((flops / ((704 + 16 + 2048) * 32),
-                                         flops / ((380 + 16 + 256) * 32)))
+    assert c.intensity == pytest.approx((flops / ((960 + 32 + 2048) * 32),
+                                         flops / ((496 + 32 + 256) * 32)))
     text = str(c)
-    assert "naive / coalesced: 7.23x" in text and "1.83x the sectors after L1" in text
+    assert "naive / coalesced: 7.23x" in text and "1.92x the sectors after L1" in text
     assert "memory-bound" in text and "<pre>" in c._repr_html_()
     assert c.as_dict()["rows"][0]["load_requests"] == 570
     # explicit FLOP counts override the conv formula; a non-conv trace has no intensity
@@ -666,7 +667,7 @@ def test_one_access_is_one_site_after_the_interpreter_specializes():
                            cuda.to_device(np.zeros((1, 2, 16, 32), np.float32)), padding=1)
     labels = [s["label"] for s in t.sites]
     assert len(labels) == 3, labels  # x load, w load, y store
-    assert labels[2].endswith("y[n, k, p, q]")
+    assert labels[2].endswith("y[uint32(((n * K + k) * P + p) * Q + q)]")
 
 
 def test_unrolled_kernels_keep_their_array_names():

@@ -97,6 +97,7 @@ from ._engine import (
     MAX_THREADS,
     Recorder,
     TraceError,
+    data_key,
     is_kernel,
     patched_launches,
 )
@@ -142,7 +143,7 @@ def trace_launch(fn, *args, grid=None, block=None, shared=0, max_threads=MAX_THR
         names = {}
         try:
             bound = inspect.signature(fn).bind_partial(*args, **kwargs)
-            names = {id(v): k for k, v in bound.arguments.items() if hasattr(v, "shape")}
+            names = {data_key(v): k for k, v in bound.arguments.items() if hasattr(v, "shape")}
         except (TypeError, ValueError):
             pass
         with patched_launches(rec, names):

@@ -251,6 +251,21 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def data_key(arg):
+    """Where an array argument's data starts (host or device address), so that a launcher's
+    array and the reshaped view it hands its kernel are known as one; else its id."""
+    if type(arg).__name__ == "FakeWithinKernelCUDAArray":
+        arg = arg._item
+    if type(arg).__name__ == "FakeCUDAArray":
+        arg = arg._ary
+    if isinstance(arg, np.ndarray):
+        return ("host", _ptr(arg))
+    iface = getattr(arg, "__cuda_array_interface__", None)
+    if iface is not None:
+        return ("device", iface["data"][0])
+    return ("id", id(arg))
+
+
 class ArrayInfo:
     """One memory allocation the kernel touched (a global argument or a shared array)."""
 
@@ -1011,7 +1026,11 @@ class Recorder:
         off0 = _ptr(host) - _ptr(root)
         if aid is None:
             aid = len(self.arrays)
-            info = ArrayInfo(aid, self._unique_name(name or f"arg{aid}"), "global", host, off0)
+            # a launcher's flat view of its N-D array (same memory): report in the N-D shape
+            whole = (off0 == 0 and root.nbytes == host.nbytes and root.dtype == host.dtype
+                     and root.flags.c_contiguous and host.flags.c_contiguous)
+            info = ArrayInfo(aid, self._unique_name(name or f"arg{aid}"), "global", host, off0,
+                             shape=root.shape if whole else None)
             self.arrays.append(info)
             self._array_keys[key] = aid
         info = self.arrays[aid]
@@ -1041,7 +1060,7 @@ class Recorder:
                 targs.append(a)
                 continue
             name = pnames[i] if i < len(pnames) else f"arg{i}"
-            aid, off0 = self.global_id(host, name, launcher_names.get(id(a)))
+            aid, off0 = self.global_id(host, name, launcher_names.get(data_key(a)))
             targs.append(TracedArray(host, aid, off0))
             if wb is not None:
                 writebacks.append(wb)
