@@ -11,7 +11,10 @@ Why the checkers are hard to fool is written at the top of `convlab.check.core`.
 - `values`: numbers and splits: roofline, GEMM intensity, crossover, partition,
   pipeline time, weighted split, separable factors;
 - `numerics`: rounding to bf16 / tf32, scaled fp16 GEMM, conv with fp16 inputs;
-- `capstone`: the capstone's ladder.
+- `capstone`: the capstone's ladder;
+- `stages`: stage checks of one part of a kernel: a staged shared tile, one thread's
+  register fragment, the slab loop's coverage;
+- `selfcheck`: the grade a task's public tests would give, in the learner's notebook.
 
 Every public name of the submodules is importable from ``convlab.check``.
 """
@@ -50,6 +53,8 @@ from .core import (
     reference_case,
 )
 from .numerics import check_conv2d_fp16, check_rounding, check_scaled_gemm
+from .selfcheck import self_check
+from .stages import BlockRun, register_fragment, run_block, slab_bounds, staged_tile, window
 from .traced import check_bank_conflicts, check_coalesced, check_loads_per_output, traffic
 from .values import (
     check_crossover,
@@ -62,7 +67,8 @@ from .values import (
 )
 
 __all__ = [
-    "ANSWER_GUARDS", "EPS", "POISON", "POISON_BITS", "CheckError", "Comparison", "call",
+    "ANSWER_GUARDS", "EPS", "POISON", "POISON_BITS", "BlockRun", "CheckError", "Comparison",
+    "call",
     "check_bank_conflicts", "check_coalesced", "check_col2im", "check_conv2d",
     "check_conv2d_case", "check_conv2d_fp16", "check_conv2d_nhwc", "check_crossover",
     "check_depthwise", "check_filter2d", "check_filter2d_large", "check_gemm",
@@ -70,5 +76,6 @@ __all__ = [
     "check_partition", "check_pipeline_time", "check_roofline", "check_rounding",
     "check_scaled_gemm", "check_separable_factors", "check_weighted_split", "compare",
     "conv2d_cases", "depthwise_cases", "filter2d_cases", "gemm_cases", "learner_call",
-    "nhwc_adapter", "poisoned", "random_array", "reference_case", "traffic",
+    "nhwc_adapter", "poisoned", "random_array", "reference_case", "register_fragment",
+    "run_block", "self_check", "slab_bounds", "staged_tile", "traffic", "window",
 ]
