@@ -568,6 +568,47 @@ RUNG_IDEAS = {
 }
 
 
+def climb(result: dict, tolerance: float = 0.03) -> dict:
+    """Does the ladder climb? Per layer, the rungs slower than the rung before by more than
+    `tolerance` (a fraction) and the register-blocking rung's gain over tiling; for the
+    GEMM ladder, the rungs not faster than the one before. Keys: 'layers' (per layer:
+    slower [(rung, ratio)], register_gain), 'gemm_not_faster' [(name, ratio)], 'ok'."""
+    out, ok = {"layers": {}}, True
+    for lad in result["ladders"]:
+        rows = [r for r in lad["rows"] if r["name"] in RUNG_IDEAS]
+        slower = [(b["name"], b["ms"] / a["ms"]) for a, b in zip(rows, rows[1:], strict=False)
+                  if b["ms"] > a["ms"] * (1 + tolerance)]
+        ms = {r["name"]: r["ms"] for r in rows}
+        gain = ms["tiled"] / ms["register_blocked"] if {"tiled", "register_blocked"} <= set(ms) \
+            else None
+        out["layers"][lad["problem"].split(":")[0]] = dict(slower=slower, register_gain=gain)
+        ok &= not slower and (gain is None or gain >= 1.3)
+    g = [r for r in result.get("gemm_ladder", {}).get("rows", []) if r["name"] != "cuBLAS"]
+    out["gemm_not_faster"] = [(b["name"], b["ms"] / a["ms"])
+                              for a, b in zip(g, g[1:], strict=False) if b["ms"] >= a["ms"]]
+    out["ok"] = bool(ok and not out["gemm_not_faster"])
+    return out
+
+
+def climb_report(result: dict, tolerance: float = 0.03) -> str:
+    """`climb` as sentences."""
+    c = climb(result, tolerance)
+    lines = []
+    for layer, d in c["layers"].items():
+        slow = ", ".join(f"{n} {100 * (r - 1):.1f}% slower" for n, r in d["slower"])
+        gain = f"register blocking {d['register_gain']:.2f}x over tiling" \
+            if d["register_gain"] else "no register-blocking rung"
+        lines.append(f"{layer}: " + (f"{slow} than the rung before" if slow else
+                                     f"no rung more than {100 * tolerance:.0f}% slower than "
+                                     "the one before") + f"; {gain}")
+    lines.append("GEMM ladder: " + ("every rung faster than the one before"
+                                    if not c["gemm_not_faster"] else "not faster: " + ", ".join(
+                                        f"{n} ({r:.2f}x the time)" for n, r in
+                                        c["gemm_not_faster"])))
+    lines.append("the ladder climbs" if c["ok"] else "the ladder does not climb everywhere")
+    return "\n".join(lines)
+
+
 def rung_table(result: dict) -> str:
     """The conv ladder of a stored or fresh run, one table per layer: rung, the idea it
     adds, ms, % of the measured fp32 peak, gain over the rung before."""

@@ -121,3 +121,23 @@ def test_run_ladder_under_the_simulator_with_a_fake_clock(tmp_path, capsys):
     assert "refuses" in res["batch_sweep"]["rows"][0]["errors"]
     assert json.loads((tmp_path / "ladder.json").read_text())["ladders"][0]["not_timed"]
     assert "refuses: not timed (check)" in capsys.readouterr().out
+
+
+def test_climb_names_the_rungs_that_do_not_climb():
+    def lad(name, times):
+        return dict(problem=f"{name}: x", rows=[dict(name=n, ms=t) for n, t in times.items()])
+
+    good = {"naive": 5.0, "coalesced": 3.0, "tiled": 2.0, "register_blocked": 1.2,
+            "implicit_gemm": 0.5, "implicit_gemm_double_buffered": 0.51}  # +2%: within 3%
+    bad = dict(good, implicit_gemm_double_buffered=0.55, register_blocked=1.8)  # +10%, 1.11x
+    gemm = {"rows": [dict(name="tiled", ms=9.0), dict(name="register_blocked", ms=9.5),
+                     dict(name="vectorized", ms=3.0), dict(name="cuBLAS", ms=1.0)]}
+    res = ladder.climb({"ladders": [lad("a", good), lad("b", bad)], "gemm_ladder": gemm})
+    assert res["layers"]["a"]["slower"] == []
+    assert res["layers"]["a"]["register_gain"] == pytest.approx(2.0 / 1.2)
+    assert [n for n, _ in res["layers"]["b"]["slower"]] == ["implicit_gemm_double_buffered"]
+    assert res["layers"]["b"]["slower"][0][1] == pytest.approx(1.1)
+    assert [n for n, _ in res["gemm_not_faster"]] == ["register_blocked"]
+    assert not res["ok"]
+    text = ladder.climb_report({"ladders": [lad("a", good)], "gemm_ladder": {"rows": []}})
+    assert "the ladder climbs" in text and "1.67x over tiling" in text
