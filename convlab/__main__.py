@@ -1,4 +1,4 @@
-"""Command line: ``python -m convlab doctor | bench | measure | exercises | grade |
+"""Command line: ``python -m convlab doctor | bench | measure | profile | exercises | grade |
 grade-batch | autograder | publish | pack``."""
 
 from __future__ import annotations
@@ -57,9 +57,27 @@ def _grade_options(p):
     p.add_argument("--total-timeout", type=float, default=None, help="seconds in all (900)")
     p.add_argument("--mode", default="sim", choices=("sim", "gpu"),
                    help="run kernels under the simulator (default) or on the GPU")
+    p.add_argument("--gpu", action="store_true",
+                   help="run kernels on the GPU and grade the speed tasks against the course "
+                        "kernels (without a GPU: reported as not graded)")
     p.add_argument("--assignment", default=None,
                    help="grade against this notebook of --instructor (e.g. 06); a "
                         "submission without its tasks is an error")
+
+
+def _speed_mode(args) -> str | None:
+    """With --gpu: mode 'gpu' where a CUDA GPU answers; else why speed is not graded."""
+    if not args.gpu:
+        return None
+    from .runtime import driver_info, gpu_available
+
+    if gpu_available():
+        args.mode = "gpu"
+        return None
+    why = driver_info().get("error") or "no CUDA driver or device found"
+    print(f"convlab: --gpu, but no CUDA GPU here ({why}): speed tasks not graded",
+          file=sys.stderr)
+    return f"not graded here: no CUDA GPU ({why})"
 
 
 def _grade(args) -> int:
@@ -70,11 +88,12 @@ def _grade(args) -> int:
 
     # the kernel may not write where results go (its folder: the gradebook, other results)
     deny = [str(Path(args.out).resolve().parent)] if args.out else []
+    reason = _speed_mode(args)
     try:
         res = grade(args.notebook, args.instructor, args.private_tests,
                     cell_timeout=args.cell_timeout, total_timeout=args.total_timeout,
                     mode=args.mode, deny_write=deny, hide=args.hide,
-                    assignment=args.assignment)
+                    assignment=args.assignment, speed=args.gpu, speed_reason=reason)
     except GradingError as e:
         print(f"convlab grade: {e}", file=sys.stderr)
         if args.out:
@@ -90,10 +109,11 @@ def _grade(args) -> int:
 def _grade_batch(args) -> int:
     from .grading.batch import grade_batch
 
+    _speed_mode(args)
     rows = grade_batch(args.folder, args.out, jobs=args.jobs, instructor=args.instructor,
                        private_tests=args.private_tests, cell_timeout=args.cell_timeout,
                        total_timeout=args.total_timeout, mode=args.mode,
-                       assignment=args.assignment)
+                       assignment=args.assignment, gpu=args.gpu)
     for r in rows:
         print(f"{r['submission']:<40} {r['score']:>6g} / {r['max_score'] or '?'} "
               f"{r['status']} {r['error']}")
@@ -105,7 +125,7 @@ def _autograder(args) -> int:
 
     try:
         names = write_autograder(args.out, args.root, args.private_tests, args.notebooks,
-                                 args.cell_timeout, args.total_timeout)
+                                 args.cell_timeout, args.total_timeout, gpu=args.gpu)
     except (ValueError, FileNotFoundError) as e:
         print(f"convlab autograder: {e}", file=sys.stderr)
         return 1
@@ -146,14 +166,24 @@ def _measure(argv) -> int:
     return measure_main(argv)
 
 
+def _profile(argv) -> int:
+    from .measure.profile import main as profile_main
+
+    return profile_main(argv)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["measure"]:  # its own options (python -m convlab measure --help)
         return _measure(argv[1:])
+    if argv[:1] == ["profile"]:  # its own options (python -m convlab profile --help)
+        return _profile(argv[1:])
     ap = argparse.ArgumentParser(prog="convlab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("measure", add_help=False,
                    help="run a lesson's GPU measurements and store them (measure --help)")
+    sub.add_parser("profile", add_help=False,
+                   help="Nsight Compute metrics of every conv ladder rung (profile --help)")
     d = sub.add_parser("doctor", help="what this machine has, and what is wrong with the fix")
     d.add_argument("--sim", action="store_true", help="diagnose the simulator path")
     d.set_defaults(func=_doctor)
@@ -193,6 +223,8 @@ def main(argv=None) -> int:
                    help="the assignment's notebook (e.g. 06 or 06_tiling)")
     a.add_argument("--cell-timeout", type=float, default=None)
     a.add_argument("--total-timeout", type=float, default=None)
+    a.add_argument("--gpu", action="store_true",
+                   help="for a self-hosted GPU runner: GPU extras, grade with --gpu")
     a.set_defaults(func=_autograder)
     pu = sub.add_parser("publish", help="stamp the repository URL into notebooks and README")
     pu.add_argument("--repo", default=None, help="the course's repository URL (default: "

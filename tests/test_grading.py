@@ -332,7 +332,7 @@ def test_real_solution_full_marks_and_exercise_zero(name, real_gradings, fixture
     assert ex["score"] == 0, ex["output"]
     assert ex["extra_data"]["cell_errors"] == [], ex["extra_data"]["cell_errors"]
     for t in ex["tests"]:
-        if t["visibility"] != "hidden":
+        if t["visibility"] != "hidden" and not t["name"].endswith(" speed"):  # speed: 0 of 0
             assert "not implemented" in t["output"], t
 
 

@@ -8,6 +8,8 @@
   are called in theirs, inputs out and outputs back as ``.npy`` files
 - `kernel`, `jail`: the learner's process (a Jupyter kernel) and its OS isolation
 - `worker`, `sandbox`: inside that process, the call server and the in-process guard rails
+- `speed`, `speed_worker`, `speed_kernels`: with ``--gpu``, each speed task's kernel timed
+  against the course kernel of its rung (tiers, exploit detectors, Gradescope leaderboard)
 
 The notebook format is in `notebook` (markers ``# EXERCISE: <id>``, ``# TEST: <id>
 points=N``, ``### BEGIN SOLUTION`` / ``### END SOLUTION``, ``### BEGIN HIDDEN TESTS`` /

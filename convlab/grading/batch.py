@@ -59,10 +59,12 @@ def submission_names(subs, folder) -> dict:
 
 def grade_one_process(path: Path, out_json: Path, instructor=None, private_tests=None,
                       cell_timeout=None, total_timeout=None, mode="sim", assignment=None,
-                      hide=()) -> dict:
+                      hide=(), gpu=False) -> dict:
     """Grade in a child process; always returns a results.json dict (and writes it)."""
     cmd = [sys.executable, "-m", "convlab", "grade", str(path), "--out", str(out_json),
            "--quiet", "--mode", mode]
+    if gpu:
+        cmd += ["--gpu"]
     if assignment:
         cmd += ["--assignment", str(assignment)]
     for h in hide:
@@ -109,8 +111,14 @@ def _private_copies(subs, names, into: Path) -> dict:
 
 def grade_batch(folder, out_dir=None, *, jobs: int = 2, instructor=None, private_tests=None,
                 cell_timeout=None, total_timeout=None, mode="sim", progress: bool = True,
-                assignment=None):
-    """Grade every notebook under `folder`; return the gradebook rows (dicts)."""
+                assignment=None, gpu=False):
+    """Grade every notebook under `folder`; return the gradebook rows (dicts).
+
+    gpu: run on the GPU and time the speed tasks, one submission at a time (timings of
+    submissions sharing a GPU would disturb each other).
+    """
+    if gpu:
+        jobs = 1
     folder = Path(folder)
     out_dir = Path(out_dir) if out_dir else folder / "graded"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -132,7 +140,7 @@ def grade_batch(folder, out_dir=None, *, jobs: int = 2, instructor=None, private
             out_json = out_dir / f"{name}.results.json"
             futures[pool.submit(grade_one_process, copies[p], out_json, instructor,
                                 private_tests, cell_timeout, total_timeout, mode, assignment,
-                                hide)] = (name, p, out_json)
+                                hide, gpu)] = (name, p, out_json)
         for fut in as_completed(futures):
             name, p, out_json = futures[fut]
             try:

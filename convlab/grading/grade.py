@@ -74,14 +74,15 @@ class GradeResult:
     cell_errors: list = field(default_factory=list)  # (kind, cell index, task, "Name: value")
     isolation: dict = field(default_factory=dict)
     assignment: str = ""
+    speed: list = field(default_factory=list)  # speed.SpeedResult of the timed tasks
 
     @property
     def score(self) -> float:
-        return sum(t.score for t in self.tasks)
+        return sum(t.score for t in self.tasks) + sum(s.score for s in self.speed)
 
     @property
     def max_score(self) -> float:
-        return sum(t.max_score for t in self.tasks)
+        return sum(t.max_score for t in self.tasks) + sum(s.max_score for s in self.speed)
 
     @property
     def flags(self) -> dict:
@@ -99,6 +100,10 @@ class GradeResult:
                          f"{t.kind}")
             if not t.passed and t.message:
                 lines += ["      " + line for line in t.message.splitlines()[:12]]
+        for sp in self.speed:
+            mark = "✓" if sp.passed else ("·" if sp.kind == "not-graded" else "✗")
+            lines.append(f"  {mark} {sp.id:<16} {_num(sp.score):>4} / {_num(sp.max_score):<4} "
+                         f"{sp.line()}"[:400])
         if self.flags:
             lines.append("  for review (not scored): " + "; ".join(
                 f"{k}: {', '.join(v)}" for k, v in self.flags.items()))
@@ -276,11 +281,17 @@ def _hideable(paths) -> list[str]:
 
 def grade(submission, instructor=None, private_tests=None, *, cell_timeout: float | None = None,
           total_timeout: float | None = None, mode: str = "sim", deny_write=(), hide=(),
-          assignment: str | None = None) -> GradeResult:
+          assignment: str | None = None, speed: bool = False,
+          speed_reason: str | None = None) -> GradeResult:
     """Grade one submitted notebook; never raises for a bad submission (see .error).
 
     hide: more paths the learner's process must not read (a batch folder, other results).
+    speed: also time the speed tasks (needs mode 'gpu'); speed_reason: why they are not
+    graded otherwise (reported as "not graded here").
     """
+    from . import speed as speed_mod
+
+    timed = bool(speed and mode == "gpu")
     cell_timeout = cell_timeout or DEFAULT_CELL_TIMEOUT
     total_timeout = total_timeout or DEFAULT_TOTAL_TIMEOUT
     t_start = time.perf_counter()
@@ -343,7 +354,8 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
         deny_read.append(str(_deniable(Path(private_tests), folder=True)))
     deny_read += [str(priv), *map(str, hide)]
     cfg = inbox / "worker.json"
-    cfg.write_text(json.dumps({"inbox": str(inbox), "outbox": str(outbox), "sandbox": {
+    cfg.write_text(json.dumps({"inbox": str(inbox), "outbox": str(outbox), "speed": timed,
+                               "sandbox": {
         "deny_read": deny_read,
         "deny_write": [str(Path(__file__).resolve().parents[1]), str(priv), str(inbox),
                        *map(str, deny_write)]}}))
@@ -363,6 +375,9 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
         channel = Channel(session, inbox, outbox)
         _execute(session, scope, channel, steps, tasks, answers, cell_timeout,
                  t_start + total_timeout, result)
+        if timed and result.error is None:
+            result.speed = speed_mod.grade_speed(channel, tasks, t_start + total_timeout,
+                                                 cell_timeout)
     finally:
         session.close()
         survivors = session.survivors()
@@ -371,6 +386,10 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
                               "the kernel")
         for d in (priv, scratch, inbox):
             remove_tree(d)
+    if not timed:
+        result.speed = speed_mod.not_graded(tasks, speed_reason or (
+            speed_mod.NOT_GRADED if mode != "gpu" else "not graded: time the speed tasks "
+            "with --gpu"))
     _finish_messages(tasks)
     result.seconds = time.perf_counter() - t_start
     return result
@@ -387,8 +406,9 @@ def _finish_messages(tasks) -> None:
                          "graded\n" + t.message)
         elif stub and not t.passed:
             t.kind = "not-implemented"
-            t.message = ("not implemented: the answer cell still holds the `# YOUR CODE HERE` "
-                         "stub\n" + t.message)
+            t.message = ("not implemented: the answer cell is still the exercise's stub (its "
+                         "`# YOUR CODE HERE` / `# TODO(learner)` holes are unfilled)\n"
+                         + t.message)
 
 
 def _execute(session: KernelSession, scope, channel, steps, tasks, answers, cell_timeout,

@@ -35,6 +35,12 @@ def results_json(result) -> dict:
             text += "\n--- what your code printed while graded (an excerpt):\n" + t.learner_output
         tests.append({"name": t.id, "score": t.score, "max_score": t.max_score,
                       "status": t.status, "output": text, "visibility": VISIBILITY})
+    for sp in getattr(result, "speed", []):
+        entry = {"name": sp.id, "score": sp.score, "max_score": sp.max_score,
+                 "output": sp.line(), "visibility": VISIBILITY}
+        if sp.kind != "not-graded":
+            entry["status"] = "passed" if sp.passed else "failed"
+        tests.append(entry)
     flags = result.flags
     if flags:
         tests.append({"name": "integrity review (instructor only, not scored)", "score": 0,
@@ -49,6 +55,22 @@ def results_json(result) -> dict:
                           "cell_errors": [list(e) for e in result.cell_errors],
                           "log": result.log, "isolation": getattr(result, "isolation", {}),
                           "assignment": getattr(result, "assignment", "")}}
+    speeds = getattr(result, "speed", [])
+    if speeds:
+        from .speed import leaderboard
+
+        board = leaderboard(speeds)
+        if board:
+            out["leaderboard"] = board
+        out["extra_data"]["speed"] = {
+            s.task: {"kind": s.kind, "score": s.score, "max_score": s.max_score,
+                     "speed": s.speed, "share_of_par": s.share, "course": s.course,
+                     "course_ms": s.course_ms, "learner_ms": s.learner_ms,
+                     "gflops": s.gflops, "message": s.message} for s in speeds}
+        for d in out["extra_data"]["speed"].values():
+            for k, v in d.items():
+                if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+                    d[k] = None
     if result.error:
         out["output"] = f"Could not grade this submission: {result.error}\n\n" + out["output"]
         out["extra_data"]["error"] = result.error
@@ -131,12 +153,14 @@ def _add(zf: zipfile.ZipFile, name: str, data: bytes | str, executable: bool = F
 
 def write_autograder(out, root=None, private_tests=None, notebooks=None,
                      cell_timeout: float | None = None,
-                     total_timeout: float | None = None) -> list[str]:
+                     total_timeout: float | None = None, gpu: bool = False) -> list[str]:
     """Write the Gradescope autograder zip of one assignment; return the names it holds.
 
     notebooks: the solution notebook (stem, file name or two-digit number) of the
     assignment; may be left out when solutions/ holds only one. A submission whose tasks
-    are not that assignment's scores 0 with an error.
+    are not that assignment's scores 0 with an error. gpu: for a self-hosted runner with
+    a CUDA GPU: setup.sh installs the GPU extras and run_autograder grades with ``--gpu``
+    (speed tasks timed, leaderboard entries in results.json).
     """
     root = repo_root(root)
     sols = solution_notebooks(root / "solutions")
@@ -148,7 +172,7 @@ def write_autograder(out, root=None, private_tests=None, notebooks=None,
     if len(sols) > 1:
         raise ValueError("a Gradescope bundle grades one assignment: name it with --notebooks "
                          f"(one of {', '.join(s.stem for s in sols)})")
-    options = ["--assignment", sols[0].stem]
+    options = ["--assignment", sols[0].stem, *(["--gpu"] if gpu else [])]
     if cell_timeout:
         options += ["--cell-timeout", f"{cell_timeout:g}"]
     if total_timeout:
@@ -157,7 +181,13 @@ def write_autograder(out, root=None, private_tests=None, notebooks=None,
     out.parent.mkdir(parents=True, exist_ok=True)
     pkg = Path(__file__).resolve().parents[1]
     with zipfile.ZipFile(out, "w") as zf:
-        _add(zf, "setup.sh", SETUP_SH, executable=True)
+        setup = SETUP_SH
+        if gpu:
+            setup = setup.replace("# convlab without GPU extras: the grader runs every kernel "
+                                  "under the Numba CUDA simulator.", "# convlab with the GPU "
+                                  "extras: kernels run and are timed on the GPU.").replace(
+                "/autograder/source/convlab_src\n", "'/autograder/source/convlab_src[gpu]'\n")
+        _add(zf, "setup.sh", setup, executable=True)
         _add(zf, "run_autograder", RUN_AUTOGRADER.replace("@OPTIONS@", " ".join(options)),
              executable=True)
         for name in _PACKAGE_FILES:

@@ -153,12 +153,20 @@ class KernelSession:
                     sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(
                         sys.executable)), Path(__file__).resolve().parents[2])}),
                 "env": kernel_env(self.mode, str(self.scratch)),
-                "limits": {"cpu": int(self.total_timeout) + 120}}))
+                "limits": self._limits()}))
             os.chmod(cfg, 0o600)
             argv = [sys.executable, "-m", "convlab.grading.jail", str(cfg), "--", *argv]
         (d / "kernel.json").write_text(json.dumps({
             "argv": argv, "display_name": "convlab grader", "language": "python"}))
         return self.private / "kernels"
+
+    def _limits(self) -> dict:
+        lim = {"cpu": int(self.total_timeout) + 120}
+        if self.mode == "gpu":  # a CUDA context reserves far more address space than it uses
+            import resource
+
+            lim["address_space"] = resource.RLIM_INFINITY
+        return lim
 
     def start(self):
         from jupyter_client.kernelspec import KernelSpecManager

@@ -5,7 +5,13 @@ An exercise notebook has graded tasks. For a task id such as ``01.sobel``:
 - the answer cell starts with ``# EXERCISE: 01.sobel``; the solution sits between
   ``### BEGIN SOLUTION`` and ``### END SOLUTION`` (at the code's indentation);
 - test cells start with ``# TEST: 01.sobel points=2``; an optional hidden part sits between
-  ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``.
+  ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``;
+- a solution region with ``### BEGIN HOLE: <what to write>`` / ``### END HOLE`` regions in
+  it becomes a skeleton: its other lines stay given and each hole becomes
+  ``# TODO(learner): <what to write>`` and ``pass`` (``### BEGIN HOLE a, b: ...`` gives
+  ``a, b = ...`` instead), so the structure and the index arithmetic are given;
+- cells that start with ``# SELF-CHECK: 01.sobel`` are the learner's own checks (stage
+  checks, the self-check): they stay in the exercise and are left out of grading.
 
 A task scores its points (the sum over its TEST cells) iff all its TEST cells run
 without error.
@@ -29,6 +35,10 @@ TEST_RE = re.compile(
     r"^\s*#\s*TEST:\s*(?P<id>[\w.\-]+)(?:\s+points\s*=\s*(?P<points>\d+(?:\.\d+)?))?\s*$")
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+BEGIN_HOLE = re.compile(r"^###\s*BEGIN HOLE(?:\s+(?P<names>[A-Za-z_][\w\s,]*?))?\s*:\s*"
+                        r"(?P<text>\S.*?)\s*$")
+END_HOLE = "### END HOLE"
+SELF_CHECK_RE = re.compile(r"^\s*#\s*SELF-CHECK:\s*(?P<id>[\w.\-]+)\s*$")
 STUB_LINES = ("# YOUR CODE HERE", "pass")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
 
@@ -99,10 +109,80 @@ def _replace_regions(text: str, begin: str, end: str, stub, where: str) -> str:
     return "\n".join(out)
 
 
+def _is_hole_marker(s: str) -> bool:
+    return s.startswith("### BEGIN HOLE") or s == END_HOLE
+
+
+def _skeleton(region: list, indent: str, where: str) -> list:
+    """The lines of one solution region in the exercise: the stub, or (with holes) the
+    region's given lines with each hole as a TODO comment and a placeholder."""
+    if not any(s.strip().startswith("### BEGIN HOLE") for _, s in region):
+        for n, line in region:
+            if _is_hole_marker(line.strip()):
+                raise NotebookFormatError(f"{where}, line {n}: '{END_HOLE}' without a hole")
+        return [indent + x if x else x for x in STUB_LINES]
+    out, hole = [], None
+    for n, line in region:
+        s = line.strip()
+        if s.startswith("### BEGIN HOLE"):
+            m = BEGIN_HOLE.match(s)
+            if hole is not None:
+                raise NotebookFormatError(f"{where}, line {n}: a hole inside another one")
+            if not m:
+                raise NotebookFormatError(f"{where}, line {n}: a hole needs the text of its "
+                                          "TODO: '### BEGIN HOLE: what to write'")
+            hole = n
+            pad = line[: len(line) - len(line.lstrip())]
+            names = " ".join((m.group("names") or "").split())
+            out.append(f"{pad}# TODO(learner): {m.group('text')}")
+            out.append(f"{pad}{names} = ..." if names else f"{pad}pass")
+        elif s == END_HOLE:
+            if hole is None:
+                raise NotebookFormatError(f"{where}, line {n}: '{END_HOLE}' without a hole")
+            hole = None
+        elif hole is None:
+            out.append(line)
+    if hole is not None:
+        raise NotebookFormatError(f"{where}, line {hole}: a hole is never closed by "
+                                  f"'{END_HOLE}'")
+    return out
+
+
 def strip_solution(text: str, where: str = "cell", markdown: bool = False) -> str:
-    """Solution regions -> ``# YOUR CODE HERE`` + ``pass`` at the region's indentation."""
-    return _replace_regions(text, BEGIN_SOLUTION, END_SOLUTION,
-                            (MARKDOWN_STUB,) if markdown else STUB_LINES, where)
+    """Solution regions -> ``# YOUR CODE HERE`` + ``pass`` at the region's indentation,
+    or, where the region has holes, its skeleton (see the module docstring)."""
+    if markdown:
+        return _replace_regions(text, BEGIN_SOLUTION, END_SOLUTION, (MARKDOWN_STUB,), where)
+    out, region, indent = [], None, ""
+    for n, line in enumerate(text.split("\n"), 1):
+        s = line.strip()
+        if s == BEGIN_SOLUTION:
+            if region is not None:
+                raise NotebookFormatError(f"{where}, line {n}: '{BEGIN_SOLUTION}' inside "
+                                          "another one")
+            region, indent = [], line[: len(line) - len(line.lstrip())]
+        elif s == END_SOLUTION:
+            if region is None:
+                raise NotebookFormatError(f"{where}, line {n}: '{END_SOLUTION}' without "
+                                          f"'{BEGIN_SOLUTION}'")
+            out.extend(_skeleton(region, indent, where))
+            region = None
+        elif region is not None:
+            region.append((n, line))
+        elif _is_hole_marker(s):
+            raise NotebookFormatError(f"{where}, line {n}: a hole outside a solution region")
+        else:
+            out.append(line)
+    if region is not None:
+        raise NotebookFormatError(f"{where}: '{BEGIN_SOLUTION}' is never closed by "
+                                  f"'{END_SOLUTION}'")
+    return "\n".join(out)
+
+
+def self_check_id(text: str) -> str | None:
+    """The task of a learner-only cell: its first line ``# SELF-CHECK: <id>``."""
+    m = SELF_CHECK_RE.match(header(text))
+    return m.group("id") if m else None
 
 
 def strip_hidden(text: str, where: str = "cell") -> str:
@@ -220,7 +300,8 @@ def validate_solution(nb, name: str, require_solution: bool = True) -> list[str]
     require_solution=False accepts answer cells without a solution region (a grading
     notebook, whose solutions are already stubbed).
     """
-    problems = list(layout(nb, name).problems)
+    lay = layout(nb, name)
+    problems, tasks = list(lay.problems), lay.tasks
     for i, cell in enumerate(nb.cells):
         text, where = source(cell), f"{name}, cell {i}"
         try:
@@ -238,6 +319,11 @@ def validate_solution(nb, name: str, require_solution: bool = True) -> list[str]
             problems.append(f"{where}: a solution region outside an '# EXERCISE:' cell")
         if has_marker(text, BEGIN_HIDDEN) and not test_marker(text):
             problems.append(f"{where}: a hidden-test region outside a '# TEST:' cell")
+        sid = self_check_id(text) if cell.get("cell_type") == "code" else None
+        if sid and sid not in tasks:
+            problems.append(f"{where}: '# SELF-CHECK: {sid}' names no task of this notebook")
+        if sid and has_marker(text, BEGIN_SOLUTION):
+            problems.append(f"{where}: a solution region in a '# SELF-CHECK:' cell")
     return problems
 
 
@@ -269,18 +355,47 @@ def exercise_notebook(nb, name: str = "notebook", generated_from: str | None = N
     if problems:
         raise NotebookFormatError("\n".join(problems))
     cells = []
+    last_test = {tid: max(t.test_cells) for tid, t in layout(nb, name).tasks.items()}
     for i, cell in enumerate(nb.cells):
         c = _clean_cell(cell, i)
         where = f"{name}, cell {i}"
         text = strip_solution(source(c), where, markdown=c.get("cell_type") == "markdown")
         c["source"] = strip_hidden(text, where)
         cells.append(c)
+        for tid, at in last_test.items():
+            if at == i:
+                cells.append(self_check_cell(tid, [
+                    (test_marker(source(nb.cells[j]))[1],
+                     strip_hidden(source(nb.cells[j]), f"{name}, cell {j}"))
+                    for j in layout(nb, name).tasks[tid].test_cells]))
     out = _clean_notebook(nb, cells)
     if generated_from:
         out.metadata["convlab"] = {
             "generated_from": generated_from,
             "note": "generated by `python -m convlab exercises build`: edit the solution"}
     return out
+
+
+def _literal(text: str) -> str:
+    """Python source of a string literal holding `text` (triple-quoted where it can be)."""
+    if '"""' not in text and "\\" not in text and not text.endswith('"'):
+        return '"""\\\n' + text + '"""'
+    return repr(text)
+
+
+def self_check_cell(task: str, tests: list):
+    """The learner's self-check for one task: its public tests (points, source with the
+    hidden parts removed) run again by `convlab.check.self_check`, which prints the grade."""
+    codes = [(pts, src.partition("\n")[2].strip("\n")) for pts, src in tests]
+    body = "\n".join(f"    ({pts!r}, {_literal(code)})," for pts, code in codes)
+    text = (f"# SELF-CHECK: {task}\n"
+            "# The grade this task would get from its public tests. The grader runs them again\n"
+            "# in its own process, with hidden cases as well: a pass here is needed, not enough.\n"
+            "import convlab.check\n\n"
+            f"convlab.check.self_check({task!r}, [\n{body}\n], globals());")
+    c = nbformat.v4.new_code_cell(text)
+    c["id"] = "self-check-" + re.sub(r"[^A-Za-z0-9_-]", "-", task)
+    return c
 
 
 def grading_notebook(nb, name: str = "notebook", private_tests=None):
@@ -295,6 +410,8 @@ def grading_notebook(nb, name: str = "notebook", private_tests=None):
         raise NotebookFormatError("\n".join(problems))
     cells = []
     for i, cell in enumerate(nb.cells):
+        if cell.get("cell_type") == "code" and self_check_id(source(cell)):
+            continue  # the learner's own checks: nothing the grade depends on
         c = _clean_cell(cell, i)
         c["source"] = strip_solution(source(c), f"{name}, cell {i}",
                                      markdown=c.get("cell_type") == "markdown")
