@@ -157,7 +157,8 @@ def launch_cost_us(fn, *args, calls: int = 200, **kwargs) -> float:
     return us
 
 
-def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Timing:
+def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, warmup: int = 3,
+                    **kwargs) -> Timing:
     """GPU time of fn (ms), with `calls` launches queued behind a spin kernel.
 
     The spin kernel runs until all `calls` launches are in the queue (checked: its end
@@ -169,7 +170,7 @@ def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, **kwargs) -> Ti
     c = cuda()
     k = _timing_kernels()["spin"]
     ns = _spin_ns_per_iter()
-    for _ in range(3):
+    for _ in range(warmup):
         fn(*args, **kwargs)
     c.synchronize()
     cpu_ms = launch_cost_us(fn, *args, calls=calls, **kwargs) * calls / 1e3

@@ -13,9 +13,8 @@ for pair in pytest:pytest pluggy:pluggy iniconfig:iniconfig pytest_timeout:pytes
   python3 -c "import $mod" 2>/dev/null || missing="$missing $dist"
 done
 if [ -n "$missing" ] && [ -d .whl ]; then
-  wheels=""
-  for d in $missing; do wheels="$wheels $(ls .whl/${d}-*.whl .whl/${d//_/-}-*.whl 2>/dev/null | head -n1)"; done
-  echo "device_env: installing carried wheels for:$missing"
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $wheels
+  # all carried wheels (--no-deps: a missing module's own dependencies are carried too)
+  echo "device_env: missing:$missing; installing the carried wheels"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 fi
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
