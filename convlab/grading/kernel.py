@@ -28,8 +28,9 @@ KERNEL_NAME = "convlab-grader"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 OUTPUT_CAP = 64 << 10  # characters of a cell's printed output the grader keeps
 MAX_MESSAGE = 32 << 20  # bytes of one kernel message before the grader drops the connection
-_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH",
-             "CUDA_HOME", "CUDA_PATH", "NUMBA_CUDA_DRIVER", "TZ")
+# PYTHONPATH: the grader's own import path (a course run from a checkout, carried wheels)
+_ENV_KEEP = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "CUDA_VISIBLE_DEVICES",
+             "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NUMBA_CUDA_DRIVER", "TZ")
 
 
 @dataclass
