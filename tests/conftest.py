@@ -17,6 +17,7 @@ def pytest_report_header(config):
 SPREAD = ("test_notebooks.py",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name not in SPREAD:
