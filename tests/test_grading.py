@@ -243,7 +243,7 @@ def test_repository_exercises_are_up_to_date():
 # Grading the fixture: the solution scores full marks, the exercise zero
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist may interleave other files
 def fixture_gradings(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fixture")
     private = tmp / "private"
@@ -305,7 +305,7 @@ def test_grade_cli_writes_results_json(tmp_path, capsys):
 # Every real solution notebook scores full marks; every generated exercise scores zero
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist may interleave other files
 def real_gradings(tmp_path_factory):
     if not REAL_SOLUTIONS:
         return {}
@@ -348,7 +348,7 @@ PLANTED = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist may interleave other files
 def planted_batch(tmp_path_factory):
     folder = tmp_path_factory.mktemp("batch")
     for bug in PLANTED:

@@ -84,7 +84,7 @@ def _unusual(dest: Path) -> Path:
     return dest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist may interleave other files
 def families(tmp_path_factory):
     folder = tmp_path_factory.mktemp("families")
     out = folder / "graded"

@@ -18,7 +18,7 @@ from convlab.measure import FakeClock, harness
 LESSONS = ("04", "05", "06", "07", "08", "09", "10", "11", "12", "13")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist may interleave other files
 def dry(tmp_path_factory):
     """Every lesson's measurements, dry, in one run (no section runs twice)."""
     out = tmp_path_factory.mktemp("measure")
