@@ -9,8 +9,8 @@ STAMP  := $(VENV)/.convlab-installed
 EXTRAS := dev$(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo ,gpu)
 
 # JupyterLab refuses to run as root unless told (containers, Colab-like machines).
-# Test processes (pytest-xdist; tests/conftest.py keeps each file in one process, except the
-# notebook runs, so module fixtures are built once).
+# Test processes (pytest-xdist; each test file stays in one process, so its fixtures are built
+# once).
 TEST_JOBS ?= 2
 
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(PY) -m ruff check convlab tests
 	$(PY) -m convlab exercises build --check
 	$(PY) -m convlab publish --check
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check convlab tests

@@ -28,9 +28,6 @@ from convlab.grading.gradescope import results_json, write_autograder
 
 from ._grading import FIXTURE, SOLVED, by_task, submission
 
-# one process runs this file under `pytest -n` (make test): its session fixtures are built once
-pytestmark = pytest.mark.xdist_group("test_grading")
-
 ROOT = repo_root(Path(__file__).resolve().parents[1])
 REAL_SOLUTIONS = solution_notebooks(ROOT / "solutions")
 PRIVATE_TEST = """\

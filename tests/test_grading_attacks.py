@@ -24,9 +24,6 @@ from convlab.grading.batch import grade_batch
 
 from ._grading import FIXTURE, SOLVED, answers, by_task, submission
 
-# one process runs this file under `pytest -n` (make test): its session fixtures are built once
-pytestmark = pytest.mark.xdist_group("test_grading_attacks")
-
 ROOT = FIXTURE.parents[3]
 CELL_TIMEOUT = 20
 HONEST = (*SOLVED, "solution_tiled.py")

@@ -15,9 +15,6 @@ import pytest
 from convlab import bench, measure, problems, results
 from convlab.measure import FakeClock, harness
 
-# one process runs this file under `pytest -n` (make test): its session fixtures are built once
-pytestmark = pytest.mark.xdist_group("test_measure")
-
 LESSONS = ("04", "05", "06", "07", "08", "09", "10", "11", "12", "13")
 
 
