@@ -726,6 +726,14 @@ def draw_banks(pitch=32, rows=8, cols=32):
     return fig
 
 
+def _source_lines(obj) -> list:
+    """Source lines of a function, a kernel (GPU or simulator) or a module."""
+    import inspect
+
+    fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
+    return inspect.getsource(fn).splitlines()
+
+
 def show_code(obj, start: str | None = None, end: str | None = None):
     """Source of a function, kernel (GPU or simulator) or module, syntax-highlighted.
 
@@ -733,12 +741,9 @@ def show_code(obj, start: str | None = None, end: str | None = None):
     including) the first later line containing `end`. Returns an IPython `Code` object
     (a notebook cell shows it highlighted; print() gives the plain text).
     """
-    import inspect
-
     from IPython.display import Code
 
-    fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
-    lines = inspect.getsource(fn).splitlines()
+    lines = _source_lines(obj)
     if start is not None:
         lines = lines[next(i for i, ln in enumerate(lines) if start in ln):]
     if end is not None:
@@ -751,15 +756,10 @@ def show_diff(before, after, context: int = 2):
     """What `after` changes in `before` (two functions, kernels or modules), as a unified
     diff of their sources: the one idea a ladder rung adds to the rung below it."""
     import difflib
-    import inspect
 
     from IPython.display import Code
 
-    def src(obj):
-        fn = getattr(obj, "py_func", None) or getattr(obj, "fn", None) or obj
-        return inspect.getsource(fn).splitlines()
-
-    a, b = src(before), src(after)
+    a, b = _source_lines(before), _source_lines(after)
     name = lambda o: getattr(o, "__name__", type(o).__name__)  # noqa: E731
     diff = difflib.unified_diff(a, b, name(before), name(after), n=context, lineterm="")
     return Code("\n".join(diff), language="diff")
