@@ -34,10 +34,17 @@ def _bench(args) -> int:
 
         print_results(stored)
         return 0
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
+    if args.layer_set == "resnet50":
+        from .ladder import run_resnet50
+
+        run_resnet50(batches or (32, 1, 128), out_dir=args.out, repeat=args.repeat,
+                     budget_s=args.budget)
+        return 0
     from .ladder import run_ladder
 
     run_ladder(args.layers, out_dir=args.out, repeat=args.repeat, gemm=not args.no_gemm,
-               batches=() if args.no_batch else (32, 64, 128))
+               batches=() if args.no_batch else (batches or (32, 64, 128)))
     return 0
 
 
@@ -194,6 +201,13 @@ def main(argv=None) -> int:
     b.add_argument("--sim", action="store_true", help="force the simulator")
     b.add_argument("--no-gemm", action="store_true", help="skip the GEMM ladder (4096^3)")
     b.add_argument("--no-batch", action="store_true", help="skip the batch-size sweep")
+    b.add_argument("--layers", dest="layer_set", choices=("resnet50",), default=None,
+                   help="resnet50: every distinct conv of ResNet-50 at each of --batches "
+                        "(the best kernels and Triton against cuDNN fp32; resnet50.json)")
+    b.add_argument("--batches", default=None,
+                   help="comma-separated batch sizes (default 32,64,128; 32,1,128 with --layers)")
+    b.add_argument("--budget", type=float, default=None,
+                   help="seconds: start no new layer after this (with --layers)")
     b.set_defaults(func=_bench)
     e = sub.add_parser("exercises", help="exercises/ from solutions/ (build, or --check)")
     e.add_argument("action", choices=["build"])

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -157,6 +158,22 @@ def launch_cost_us(fn, *args, calls: int = 200, **kwargs) -> float:
     return us
 
 
+def launch_overhead() -> dict:
+    """Launch cost from Python (CPU µs per call) and an empty kernel's GPU time."""
+    require_gpu("launch_overhead")
+    c = cuda()
+    k = _timing_kernels()["empty"]
+    d = c.device_array(1024, dtype=np.float32)
+    h = np.zeros(1024, np.float32)
+    with warnings.catch_warnings():  # Numba warns about the tiny grid and the NumPy argument
+        warnings.simplefilter("ignore")
+        return dict(
+            empty_device_arg_cpu_us=launch_cost_us(lambda: k[1, 32](d)),
+            empty_numpy_arg_cpu_us=launch_cost_us(lambda: k[1, 32](h), calls=20),
+            empty_events_back_to_back_us=time_gpu(lambda: k[1, 32](d)).median_ms * 1e3,
+            empty_gpu_queued_us=time_gpu_queued(lambda: k[1, 32](d), calls=50).median_ms * 1e3)
+
+
 def time_gpu_queued(fn, *args, calls: int = 20, repeat: int = 9, warmup: int = 3,
                     **kwargs) -> Timing:
     """GPU time of fn (ms), with `calls` launches queued behind a spin kernel.
@@ -256,10 +273,10 @@ class Impl:
     prepare: Callable
     run: Callable
     fetch: Callable
-    kind: str = "course"  # 'course' kernel or a 'library' baseline
+    kind: str = "course"  # a 'course' rung, a 'library' baseline, or 'beside' (Triton)
 
 
-def launcher_impl(name: str, launcher: Callable, problem) -> Impl:
+def launcher_impl(name: str, launcher: Callable, problem, kind: str = "course") -> Impl:
     """Wrap a course launcher (device arrays, fills ``out``) as an Impl."""
     kw = problem.kwargs
 
@@ -271,7 +288,7 @@ def launcher_impl(name: str, launcher: Callable, problem) -> Impl:
     def run(s):
         launcher(s["x"], s["w"], s["out"], **kw)
 
-    return Impl(name, prepare, run, lambda s: s["out"].copy_to_host())
+    return Impl(name, prepare, run, lambda s: s["out"].copy_to_host(), kind)
 
 
 @dataclass

@@ -34,6 +34,9 @@ def ladder_impls(problem, kernels: dict | None = None, libraries: bool = True) -
 
     impls = [bench.launcher_impl(name, fn, problem)
              for name, fn in (kernels or CONV_LADDER).items()]
+    if kernels is None:
+        impls += [bench.launcher_impl(name, fn, problem, kind="beside")
+                  for name, fn in beside_kernels().items()]
     if libraries and baselines.torch_available():
         impls += [baselines.cudnn_conv_impl(problem, "fp32"),
                   baselines.cudnn_conv_impl(problem, "tf32"),
@@ -191,7 +194,7 @@ def summary(result: dict) -> dict:
     """The headline numbers of a run: % of cuDNN fp32 of the two fastest conv families on
     every layer (with geometric mean and minimum), and the best Numba GEMM's % of cuBLAS."""
     out = {}
-    for fam in ("implicit_gemm_tuned", "implicit_gemm_cuda"):
+    for fam in ("implicit_gemm_tuned", "implicit_gemm_cuda", "triton"):
         pct = [r["pct_of_baseline"] for lad in result.get("ladders", []) for r in lad["rows"]
                if r["name"] == fam and r.get("pct_of_baseline")]
         if pct and len(pct) == len(result["ladders"]):
@@ -330,18 +333,31 @@ def _gemm_reference(a, b):
     return a64 @ b64, np.abs(a64) @ np.abs(b64)
 
 
+def beside_kernels() -> dict:
+    """Kernels raced beside the ladder but not rungs of it: Triton, where it runs."""
+    from .kernels import triton01_implicit_gemm as tri
+
+    return {"triton": tri.conv2d_triton} if tri.available() else {}
+
+
 def sweep_kernels() -> dict:
     """The kernels of the batch sweep: the plain implicit GEMM (the baseline of source 001's
-    claim), the best pure-Numba conv and the CUDA C one."""
+    claim), the best pure-Numba conv, the CUDA C one and Triton's."""
     from .kernels import CONV_LADDER
 
     names = ("implicit_gemm", "implicit_gemm_tuned", "implicit_gemm_cuda")
-    return {n: CONV_LADDER[n] for n in names if n in CONV_LADDER}
+    return {**{n: CONV_LADDER[n] for n in names if n in CONV_LADDER}, **beside_kernels()}
 
 
 def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
-                    repeat: int = 10, seed: int = 1, clock=None) -> dict:
-    """Time `kernels` and cuDNN fp32 on each layer at each batch size (checked first)."""
+                    repeat: int = 10, seed: int = 1, clock=None,
+                    budget_s: float | None = None, progress: bool = False) -> dict:
+    """Time `kernels` and cuDNN fp32 on each layer (a name or a `ConvProblem`) at each batch
+    size, every output checked against float64 first. budget_s: stop starting new rows
+    after that many seconds (the first always runs; the rows not run are listed in
+    "skipped"), and run batch by batch, so the first batch size is complete first."""
+    import time
+
     timer = clock.time_gpu if clock is not None else bench.time_gpu_queued
     import numpy as np
 
@@ -349,48 +365,109 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
 
     kernels = kernels or sweep_kernels()
     c = cuda()
-    rows = []
+    rows, skipped = [], []
     rng = np.random.default_rng(seed)
-    for name in layers:
-        for nb in batches:
-            prob = problems.conv_layer(name).with_batch(nb)
-            x = check.random_array(prob.x_shape, rng)
-            w = check.random_array(prob.w_shape, rng)
-            expected, absref = _conv_reference(x, w, prob.kwargs)
-            row = dict(layer=problems.conv_layer(name).name, batch=nb, ms={}, pct_cudnn={},
-                       errors={})
-            impls = dict(kernels)
-            timings = {}
-            if baselines.torch_available():
-                impl = baselines.cudnn_conv_impl(prob, "fp32")
-                st = impl.prepare(x, w)
-                impl.run(st)
-                timings["cuDNN fp32"] = timer(impl.run, st, repeat=repeat).median_ms
-                if clock is None:  # which algorithm cuDNN picked at this batch
-                    try:
-                        row["cudnn_algorithm"] = baselines.cudnn_algorithm(impl, x, w)["algorithm"]
-                    except Exception as e:  # noqa: BLE001  (the profiler is optional)
-                        row["cudnn_algorithm"] = f"unknown ({type(e).__name__})"
-            xd, wd = c.to_device(x), c.to_device(w)
-            for kname, fn in impls.items():
+    t0 = time.perf_counter()
+    todo = [(problems.conv_layer(n) if isinstance(n, str) else n, nb)
+            for nb in batches for n in layers] if budget_s else \
+        [(problems.conv_layer(n) if isinstance(n, str) else n, nb)
+         for n in layers for nb in batches]
+    for i, (layer, nb) in enumerate(todo):
+        if i and budget_s and time.perf_counter() - t0 > budget_s:
+            skipped = [f"{lay.name} batch {b}" for lay, b in todo[i:]]
+            break
+        if progress:
+            print(f"[{i + 1}/{len(todo)}] {layer.name} batch {nb}", flush=True)
+        prob = layer.with_batch(nb)
+        x = check.random_array(prob.x_shape, rng)
+        w = check.random_array(prob.w_shape, rng)
+        expected, absref = _conv_reference(x, w, prob.kwargs)
+        row = dict(layer=layer.name, batch=nb, ms={}, pct_cudnn={}, errors={})
+        impls = dict(kernels)
+        timings = {}
+        if baselines.torch_available():
+            impl = baselines.cudnn_conv_impl(prob, "fp32")
+            st = impl.prepare(x, w)
+            impl.run(st)
+            timings["cuDNN fp32"] = timer(impl.run, st, repeat=repeat).median_ms
+            if clock is None:  # which algorithm cuDNN picked at this batch
                 try:
-                    out = c.to_device(check.poisoned(prob.out_shape))
-                    fn(xd, wd, out, **prob.kwargs)
-                    c.synchronize()
-                    comp = check.compare(out.copy_to_host(), expected, absref,
-                                         prob.C * prob.R * prob.S)
-                    if not comp.ok:
-                        raise check.CheckError(comp.summary())
-                    timings[kname] = timer(fn, xd, wd, out, repeat=repeat,
-                                           **prob.kwargs).median_ms
-                except Exception as e:  # noqa: BLE001
-                    row["errors"][kname] = f"{type(e).__name__}: {e}"[:300]
-            base = timings.get("cuDNN fp32")
-            for k, ms in timings.items():
-                row["ms"][k] = ms
-                row["pct_cudnn"][k] = 100 * base / ms if base else None
-            rows.append(row)
-    return dict(batches=list(batches), rows=rows)
+                    row["cudnn_algorithm"] = baselines.cudnn_algorithm(impl, x, w)["algorithm"]
+                except Exception as e:  # noqa: BLE001  (the profiler is optional)
+                    row["cudnn_algorithm"] = f"unknown ({type(e).__name__})"
+        xd, wd = c.to_device(x), c.to_device(w)
+        for kname, fn in impls.items():
+            try:
+                out = c.to_device(check.poisoned(prob.out_shape))
+                fn(xd, wd, out, **prob.kwargs)
+                c.synchronize()
+                comp = check.compare(out.copy_to_host(), expected, absref,
+                                     prob.C * prob.R * prob.S)
+                if not comp.ok:
+                    raise check.CheckError(comp.summary())
+                timings[kname] = timer(fn, xd, wd, out, repeat=repeat,
+                                       **prob.kwargs).median_ms
+            except Exception as e:  # noqa: BLE001
+                row["errors"][kname] = f"{type(e).__name__}: {e}"[:300]
+        base = timings.get("cuDNN fp32")
+        for k, ms in timings.items():
+            row["ms"][k] = ms
+            row["pct_cudnn"][k] = 100 * base / ms if base else None
+        rows.append(row)
+    return dict(batches=list(batches), rows=rows, skipped=skipped)
+
+
+def sweep_summary(sweep: dict, numba=("implicit_gemm", "implicit_gemm_tuned")) -> dict:
+    """Per batch and kind of layer (stem, 3x3, 1x1): the best course kernel's and the best
+    pure-Numba kernel's % of cuDNN fp32, as minimum and geometric mean over the layers."""
+    groups: dict = {}
+    for row in sweep["rows"]:
+        kind = row["layer"].split()[0] if row["layer"][:3] in ("3x3", "1x1") else "stem"
+        pct = {k: v for k, v in row["pct_cudnn"].items() if k != "cuDNN fp32" and v}
+        best = max((v for k, v in pct.items() if k != "triton"), default=None)
+        best_numba = max((v for k, v in pct.items() if k in numba), default=None)
+        for key in (f"batch {row['batch']} {kind}", f"batch {row['batch']} all"):
+            g = groups.setdefault(key, dict(best=[], best_numba=[], triton=[]))
+            for name, v in (("best", best), ("best_numba", best_numba),
+                            ("triton", pct.get("triton"))):
+                if v is not None:
+                    g[name].append(v)
+    out = {}
+    for key, g in groups.items():
+        out[key] = {name: dict(min=min(v), geomean=math.prod(v) ** (1 / len(v)), n=len(v))
+                    for name, v in g.items() if v}
+    return out
+
+
+def sweep_summary_table(summary: dict) -> str:
+    """`sweep_summary` as a table: % of cuDNN fp32, minimum / geometric mean."""
+    lines = [f"{'layers':<18}{'best course':>22}{'best Numba':>22}{'Triton':>22}",
+             f"{'':<18}" + f"{'min / geomean (n)':>22}" * 3]
+    for key, g in summary.items():
+        cells = "".join(f"{g[n]['min']:10.1f} /{g[n]['geomean']:6.1f} ({g[n]['n']:2d})"
+                        if n in g else f"{'-':>22}" for n in ("best", "best_numba", "triton"))
+        lines.append(f"{key:<18}{cells}")
+    return "\n".join(lines)
+
+
+def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int = 10,
+                 budget_s: float | None = None, clock=None) -> dict:
+    """`run_batch_sweep` over every distinct conv of ResNet-50 (`problems.RESNET50`), with
+    `sweep_summary`; saved as resnet50.json in out_dir."""
+    result = environment()
+    sweep = run_batch_sweep(problems.RESNET50, batches, kernels, repeat=repeat, clock=clock,
+                            budget_s=budget_s, progress=True)
+    sweep["summary"] = sweep_summary(sweep)
+    result["resnet50"] = sweep
+    print_results({"batch_sweep": sweep})
+    print(sweep_summary_table(sweep["summary"]))
+    for s in sweep["skipped"]:
+        print(f"not run (time budget): {s}")
+    if out_dir:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resnet50.json").write_text(json.dumps(result, indent=1))
+    return result
 
 
 def _conv_reference(x, w, kw):

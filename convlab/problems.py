@@ -91,6 +91,27 @@ SIM_LAYERS = {
 RESNET = ("resnet64", "resnet128", "resnet256")
 
 
+def _resnet50() -> tuple:
+    """Every distinct convolution of ResNet-50 (v1.5: stride on the 3x3) at 224x224, batch 32:
+    the stem, seven 3x3 and fifteen 1x1 layers."""
+    out = [ConvProblem("stem 7x7/2", 32, 3, 224, 224, 64, 7, 7, stride=2, padding=3)]
+    for c, hw, s in ((64, 56, 1), (128, 56, 2), (128, 28, 1), (256, 28, 2), (256, 14, 1),
+                     (512, 14, 2), (512, 7, 1)):
+        out.append(ConvProblem(f"3x3 {c}ch {hw}x{hw}" + (f"/{s}" if s > 1 else ""), 32, c, hw,
+                               hw, c, stride=s, padding=1))
+    for c, k, hw, s in ((64, 64, 56, 1), (64, 256, 56, 1), (256, 64, 56, 1), (256, 128, 56, 1),
+                        (256, 512, 56, 2), (128, 512, 28, 1), (512, 128, 28, 1),
+                        (512, 256, 28, 1), (512, 1024, 28, 2), (256, 1024, 14, 1),
+                        (1024, 256, 14, 1), (1024, 512, 14, 1), (1024, 2048, 14, 2),
+                        (512, 2048, 7, 1), (2048, 512, 7, 1)):
+        out.append(ConvProblem(f"1x1 {c}->{k} {hw}x{hw}" + (f"/{s}" if s > 1 else ""), 32, c,
+                               hw, hw, k, 1, 1, stride=s, padding=0))
+    return tuple(out)
+
+
+RESNET50 = _resnet50()
+
+
 def _sim() -> bool:
     from .runtime import is_simulator
 

@@ -141,3 +141,48 @@ def test_climb_names_the_rungs_that_do_not_climb():
     assert not res["ok"]
     text = ladder.climb_report({"ladders": [lad("a", good)], "gemm_ladder": {"rows": []}})
     assert "the ladder climbs" in text and "1.67x over tiling" in text
+
+
+def test_resnet50_has_every_distinct_layer_once():
+    layers = problems.RESNET50
+    kinds = [p.name.split()[0] for p in layers]
+    assert kinds.count("stem") == 1 and kinds.count("3x3") == 7 and kinds.count("1x1") == 15
+    shapes = {(p.C, p.H, p.K, p.R, p.stride) for p in layers}
+    assert len(shapes) == len(layers)  # no layer twice
+    assert (3, 224, 64, 7, 2) in shapes and (128, 56, 128, 3, 2) in shapes  # stem, v1.5 stride
+    assert all(p.out_shape[2] == p.H // p.stride for p in layers)  # 'same' sizes, halved at /2
+
+
+def _sweep_row(layer, batch, pct):
+    return dict(layer=layer, batch=batch, ms={}, errors={},
+                pct_cudnn={"cuDNN fp32": 100.0, **pct})
+
+
+def test_sweep_summary_takes_the_best_kernel_per_layer_and_the_geomean_over_layers():
+    sweep = dict(rows=[
+        _sweep_row("3x3 64ch 56x56", 32, {"implicit_gemm_tuned": 80.0, "implicit_gemm_cuda": 125.0,
+                                         "triton": 60.0}),
+        _sweep_row("3x3 512ch 7x7", 32, {"implicit_gemm_tuned": 45.0, "implicit_gemm": 50.0}),
+        _sweep_row("1x1 64->64 56x56", 32, {"implicit_gemm_tuned": 90.0}),
+        _sweep_row("stem 7x7/2", 1, {"implicit_gemm_cuda": 30.0})])
+    s = ladder.sweep_summary(sweep)
+    g = s["batch 32 3x3"]
+    assert g["best"]["min"] == 50.0 and g["best"]["n"] == 2  # best of each layer: 125, 50
+    assert g["best"]["geomean"] == pytest.approx(math.sqrt(125.0 * 50.0))
+    assert g["best_numba"]["min"] == 50.0 and g["best_numba"]["geomean"] == pytest.approx(
+        math.sqrt(80.0 * 50.0))  # CUDA C is not Numba
+    assert g["triton"] == dict(min=60.0, geomean=60.0, n=1)  # Triton is never "best course"
+    assert s["batch 32 all"]["best"]["n"] == 3 and s["batch 1 stem"]["best"]["min"] == 30.0
+    assert "batch 32 3x3" in ladder.sweep_summary_table(s)
+
+
+def test_batch_sweep_stops_starting_rows_after_its_budget():
+    from convlab.kernels import CONV_LADDER
+
+    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
+              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
+    res = ladder.run_batch_sweep(layers, (1, 2), {"coalesced": CONV_LADDER["coalesced"]},
+                                 repeat=1, clock=FakeClock(ms=1.0), budget_s=1e-9)
+    assert len(res["rows"]) == 1  # the first row always runs; then the budget is spent
+    assert res["rows"][0]["errors"] == {} and res["rows"][0]["ms"]["coalesced"] == 1.0
+    assert res["skipped"] == ["tiny2 batch 1", "tiny batch 2", "tiny2 batch 2"]

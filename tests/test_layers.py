@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1] / "convlab"
 LAYERS = [
     ("leaf: no convlab imports below them",
      ["convlab", "convlab.runtime", "convlab.errors", "convlab.formats", "convlab.results",
-      "convlab.images"]),
+      "convlab.images", "convlab.barrier"]),
     ("references, checkers, the tracer",
      ["convlab.reference", "convlab.problems", "convlab.fft_conv", "convlab.winograd",
       "convlab.trace", "convlab.trace.*", "convlab.check", "convlab.check.*"]),

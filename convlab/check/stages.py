@@ -28,6 +28,7 @@ import threading
 
 import numpy as np
 
+from ..barrier import BlockBarrier
 from ..errors import CheckError
 
 _tls = threading.local()
@@ -75,56 +76,28 @@ class BlockRun:
         return self.local[thread, name]
 
 
-class _Block:
-    """One block's threads, barrier, shared and local arrays."""
+class _Block(BlockBarrier):
+    """One block's threads, barrier, shared and local arrays; stops at barrier `stop_at`."""
+
+    abort = _Stop
 
     def __init__(self, n: int, stop_at):
-        self.cond = threading.Condition()
-        self.alive, self.waiting, self.gen, self.count = n, 0, 0, 0
-        self.stop_at, self.stopped, self.error = stop_at, False, None
+        super().__init__(n)
+        self.count, self.stop_at, self.stopped = 0, stop_at, False
         self.shared: dict = {}
         self.local: dict = {}
         self.snapshot = None
         self.lock = threading.Lock()
 
-    def _take(self):
-        self.snapshot = ({k: a.copy() for k, a in self.shared.items()},
-                         {k: a.copy() for k, a in self.local.items()})
+    def halted(self) -> bool:
+        return self.error is not None or self.stopped
 
-    def _release(self):
+    def on_release(self):
         self.count += 1
         if self.stop_at is not None and self.count == self.stop_at:
-            self._take()
+            self.snapshot = ({k: a.copy() for k, a in self.shared.items()},
+                             {k: a.copy() for k, a in self.local.items()})
             self.stopped = True
-        self.waiting = 0
-        self.gen += 1
-        self.cond.notify_all()
-
-    def sync(self):
-        with self.cond:
-            if self.error is not None or self.stopped:
-                raise _Stop
-            self.waiting += 1
-            gen = self.gen
-            if self.waiting == self.alive:
-                self._release()
-            else:
-                while gen == self.gen and self.error is None:
-                    self.cond.wait()
-            if self.error is not None or self.stopped:
-                raise _Stop
-
-    def fail(self, e):
-        with self.cond:
-            if self.error is None:
-                self.error = e
-            self.cond.notify_all()
-
-    def exit(self):
-        with self.cond:
-            self.alive -= 1
-            if self.waiting and self.waiting == self.alive and self.error is None:
-                self._release()
 
 
 def _module_class():
@@ -215,8 +188,6 @@ def run_block(kernel, args, *, grid, block, block_idx=(0, 0, 0), barrier=None) -
     first) and return the arrays as they were there; None runs the block to its end.
     Device arrays among `args` are copied to the host first; nothing is written back.
     """
-    from ..trace._engine import _Swaps
-
     py_func = getattr(kernel, "py_func", kernel)
     if not callable(py_func):
         raise CheckError(f"run_block needs a CUDA kernel, got {type(kernel).__name__}")
@@ -245,6 +216,8 @@ def run_block(kernel, args, *, grid, block, block_idx=(0, 0, 0), barrier=None) -
             state.fail((tid, thread, e))
         finally:
             state.exit()
+
+    from ..trace._engine import _Swaps  # imports numba: only when a block runs
 
     with _Swaps(py_func, module):
         workers = [threading.Thread(target=work, args=(t, th), daemon=True)

@@ -54,6 +54,18 @@ def isolation() -> dict:
                     "the in-process guard rails stand between it and the grader's files"}
 
 
+def _import_dirs_in_private_tmp() -> list[str]:
+    """PYTHONPATH folders under /tmp, /var/tmp or /dev/shm (carried wheels, say): the jail
+    mounts a fresh /tmp, so these are mounted into it again, read-only."""
+    out = []
+    for p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        real = os.path.realpath(p) if p else ""
+        if real and os.path.isdir(real) and any(
+                real == t or real.startswith(t + os.sep) for t in jail.PRIVATE_TMP):
+            out.append(real)
+    return sorted(set(out))
+
+
 def kernel_env(mode: str, home: str) -> dict:
     env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
     env.update(CONVLAB_MODE=mode, CONVLAB_GRADING="1", MPLBACKEND="Agg", HOME=home,
@@ -148,7 +160,7 @@ class KernelSession:
             cfg = self.private / "jail.json"
             cfg.write_text(json.dumps({
                 "uid": self.uid, "gid": self.uid, "scratch": str(self.scratch),
-                "readonly": [str(p) for p in self.readonly],
+                "readonly": [str(p) for p in (*self.readonly, *_import_dirs_in_private_tmp())],
                 "hide": [str(p) for p in self.hide], "cgroup": self.cgroup,
                 "expose": sorted({os.path.realpath(p) for p in (
                     sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(
@@ -194,9 +206,14 @@ class KernelSession:
         if self._log is None:
             self._log = open(self.private / "kernel.log", "ab")  # noqa: SIM115  (closed in stop)
         env = kernel_env(self.mode, str(self.scratch))
-        client.start_new_kernel(cwd=str(self.scratch), env=env, stdout=self._log,
-                                stderr=self._log)
-        client.start_new_kernel_client()
+        self._log.flush()
+        log_start = self._log.tell()
+        try:
+            client.start_new_kernel(cwd=str(self.scratch), env=env, stdout=self._log,
+                                    stderr=self._log)
+            client.start_new_kernel_client()
+        except Exception as e:
+            raise RuntimeError(f"{e}{self._startup_log(log_start)}") from e
         with contextlib.suppress(Exception):
             import zmq
 
@@ -208,6 +225,17 @@ class KernelSession:
             if run.status != "ok":
                 raise RuntimeError(f"the grading kernel did not start: {run.ename}: "
                                    f"{run.evalue}")
+
+    def _startup_log(self, start: int, chars: int = 1200) -> str:
+        """The end of what a kernel that failed to start printed (no learner code has run
+        in it yet)."""
+        try:
+            self._log.flush()
+            text = (self.private / "kernel.log").read_bytes()[start:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+        text = ANSI.sub("", text).strip()
+        return f"; its stderr ended with:\n{text[-chars:]}" if text else ""
 
     def _on_executed(self, cell, cell_index, execute_reply):
         self._reply = execute_reply

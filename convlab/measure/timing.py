@@ -1,5 +1,6 @@
-"""Transfers and launch overhead (lessons 04-06); `time_gpu_queued` and `launch_cost_us`
-live in `convlab.bench` (the ladder times with them too) and are re-exported here.
+"""Transfers and timing methods (lessons 04-06); `time_gpu_queued`, `launch_cost_us` and
+`launch_overhead` live in `convlab.bench` (beside the spin kernel they share) and are
+re-exported here.
 
 Why `time_gpu_queued` exists: launching a Numba kernel from Python costs the CPU about
 20-40 µs. `bench.time_gpu` launches a kernel many times in a row and divides the event
@@ -15,8 +16,12 @@ import time
 
 import numpy as np
 
-from ..bench import _timing_kernels as _kernels
-from ..bench import launch_cost_us, require_gpu, time_gpu_queued  # noqa: F401  (re-exported)
+from ..bench import (  # noqa: F401  (re-exported)
+    launch_cost_us,
+    launch_overhead,
+    require_gpu,
+    time_gpu_queued,
+)
 from ..runtime import cuda
 
 
@@ -70,23 +75,3 @@ def wall_vs_events(fn, *args, repeat: int = 5, **kwargs) -> dict:
     return dict(first_call_wall_ms=first, wall_no_sync_ms=float(np.median(nosync)),
                 wall_sync_ms=float(np.median(withsync)), events_ms=ev.median_ms,
                 events_spread=ev.spread)
-
-
-def launch_overhead() -> dict:
-    """Launch cost from Python (CPU µs per call) and an empty kernel's GPU time."""
-    require_gpu("launch_overhead")
-    c = cuda()
-    k = _kernels()["empty"]
-    d = c.device_array(1024, dtype=np.float32)
-    h = np.zeros(1024, np.float32)
-    import warnings
-
-    from ..bench import time_gpu
-
-    with warnings.catch_warnings():  # Numba warns about the tiny grid and the NumPy argument
-        warnings.simplefilter("ignore")
-        return dict(
-            empty_device_arg_cpu_us=launch_cost_us(lambda: k[1, 32](d)),
-            empty_numpy_arg_cpu_us=launch_cost_us(lambda: k[1, 32](h), calls=20),
-            empty_events_back_to_back_us=time_gpu(lambda: k[1, 32](d)).median_ms * 1e3,
-            empty_gpu_queued_us=time_gpu_queued(lambda: k[1, 32](d), calls=50).median_ms * 1e3)

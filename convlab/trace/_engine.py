@@ -34,6 +34,7 @@ import types
 import numpy as np
 
 from .. import runtime
+from ..barrier import BlockBarrier
 
 runtime.setup()
 
@@ -251,13 +252,20 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def data_key(arg):
-    """Where an array argument's data starts (host or device address), so that a launcher's
-    array and the reshaped view it hands its kernel are known as one; else its id."""
+def _unwrap(arg):
+    """The host ndarray behind a simulator device array (or its in-kernel wrapper); any
+    other argument, unwrapped from the in-kernel wrapper, as it is."""
     if type(arg).__name__ == "FakeWithinKernelCUDAArray":
         arg = arg._item
     if type(arg).__name__ == "FakeCUDAArray":
         arg = arg._ary
+    return arg
+
+
+def data_key(arg):
+    """Where an array argument's data starts (host or device address), so that a launcher's
+    array and the reshaped view it hands its kernel are known as one; else its id."""
+    arg = _unwrap(arg)
     if isinstance(arg, np.ndarray):
         return ("host", _ptr(arg))
     iface = getattr(arg, "__cuda_array_interface__", None)
@@ -468,58 +476,22 @@ def _settrace(fn, tries: int = 10000):
     sys.settrace(fn)
 
 
-class BlockBarrier:
-    """``syncthreads`` for one block of OS threads; exited threads count as arrived."""
+class TracingBarrier(BlockBarrier):
+    """`BlockBarrier` that refuses threads of one block waiting at different barriers."""
+
+    abort = _Abort
 
     def __init__(self, n: int, blockIdx):
-        self.cond = threading.Condition()
-        self.alive, self.waiting, self.gen = n, 0, 0
-        self.values: list = []
-        self.sites: set = set()
-        self.last_values: list = []
-        self.error: BaseException | None = None
+        super().__init__(n)
         self.blockIdx = blockIdx
 
-    def _release(self):
+    def on_release(self):
         if len(self.sites) > 1:
             lines = sorted(code_position(c, o)[0] or 0 for c, o in self.sites)
             self.error = TraceError(
                 f"threads of block {self.blockIdx} waited at different cuda.syncthreads() "
                 f"calls (lines {lines}) at the same time: a barrier in divergent code is "
                 "undefined behaviour on a GPU")
-        self.last_values, self.values, self.sites = self.values, [], set()
-        self.waiting = 0
-        self.gen += 1
-        self.cond.notify_all()
-
-    def sync(self, site, value):
-        with self.cond:
-            if self.error is not None:
-                raise _Abort
-            self.waiting += 1
-            self.values.append(value)
-            self.sites.add(site)
-            gen = self.gen
-            if self.waiting == self.alive:
-                self._release()
-            else:
-                while gen == self.gen and self.error is None:
-                    self.cond.wait()
-            if self.error is not None:
-                raise _Abort
-            return self.last_values
-
-    def fail(self, e: BaseException):
-        with self.cond:
-            if self.error is None:
-                self.error = e
-            self.cond.notify_all()
-
-    def exit(self):
-        with self.cond:
-            self.alive -= 1
-            if self.waiting and self.waiting == self.alive and self.error is None:
-                self._release()
 
 
 # ----------------------------------------------------------------------------------------
@@ -881,7 +853,7 @@ class KernelRun:
         self.rec.add_block(self.launch, bid, threads)
 
     def _run_block_threads(self, bid, blockIdx):
-        barrier = BlockBarrier(self.nthreads_block, blockIdx)
+        barrier = TracingBarrier(self.nthreads_block, blockIdx)
         threads = self._threads(bid, blockIdx, barrier)
         tracefn = self.global_trace
 
@@ -921,14 +893,9 @@ def _host_of(arg, cache):
     """(host ndarray or None, write-back callable or None) for a kernel argument."""
     if isinstance(arg, TracedArray):
         raise TraceError("a traced array was passed to a second launch")
+    arg = _unwrap(arg)
     if isinstance(arg, np.ndarray):
         return (arg, None) if arg.ndim > 0 else (None, None)
-    cls = type(arg).__name__
-    if cls == "FakeWithinKernelCUDAArray":
-        arg = arg._item
-        cls = type(arg).__name__
-    if cls == "FakeCUDAArray":
-        return arg._ary, None
     dev = None
     if hasattr(arg, "copy_to_host") and hasattr(arg, "copy_to_device"):
         dev = arg
