@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One GPU call of several named steps, each under its own time limit, most important first;
+# results and logs go to $OUT/results.tgz and a summary is printed last.
+#   STEPS="bench lessons04_06 tests" BUDGET=560 bash tools/gpu/h200_call.sh
+# Steps: bench (ladder + GEMM ladder + batch sweep, Triton beside), lessons04_06 (measure),
+# tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of
+# the speed-task solutions), notebooks (04-07, 13 on the GPU), resnet50 (every distinct
+# ResNet-50 layer at batch 32, 1, 128, for what remains of the budget).
+set -u
+OUT=${OUT:-/tmp/convlab_out}
+W=/tmp/convlab_session
+mkdir -p "$OUT" "$W/res" "$W/logs"
+. tools/device_env.sh
+T0=$(date +%s)
+SUMMARY=""
+left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local l=$(left)
+  if [ "$l" -lt 20 ]; then SUMMARY="$SUMMARY\n$name: skipped (budget)"; return; fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  local s=$(date +%s)
+  echo "== $name (limit ${limit}s): $*"
+  timeout -k 5 "$limit" "$@" > "$W/logs/$name.log" 2>&1
+  local rc=$?
+  SUMMARY="$SUMMARY\n$name: rc=$rc $(( $(date +%s) - s ))s"
+  tail -n "${TAIL:-25}" "$W/logs/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  python3 -c "import numba, numba_cuda, cupy, torch, triton; print('numba', numba.__version__,
+'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, 'torch', torch.__version__,
+'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } \
+  > "$W/logs/environment.txt" 2>&1
+cat "$W/logs/environment.txt"
+for s in ${STEPS:-bench lessons04_06 tests}; do
+  case $s in
+    bench) TAIL=80 step bench 330 python3 -m convlab bench --out "$W/res/bench" --repeat 12 ;;
+    lessons04_06) step lessons04_06 150 python3 -m convlab measure lessons04_06 --prefix h200 \
+                    --out "$W/res" --budget 100 ;;
+    tests) TAIL=30 step tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton.py \
+             tests/test_grading_speed.py tests/test_kernels_fast.py tests/test_bench.py ;;
+    calibrate) for n in 06_shared_memory_tiling 07_register_blocking 08_implicit_gemm 09_last_mile; do
+                 TAIL=14 step "grade_$n" 150 python3 -m convlab grade "solutions/$n.ipynb" \
+                   --instructor "solutions/$n.ipynb" --gpu --out "$W/res/grade_$n.json"; done ;;
+    notebooks) TAIL=12 step notebooks 560 python3 -m convlab measure notebooks --out "$W/res/nb" \
+                 --timeout 240 notebooks/04_*.ipynb notebooks/05_*.ipynb notebooks/06_*.ipynb \
+                 notebooks/07_*.ipynb notebooks/13_*.ipynb ;;
+    resnet50) TAIL=40 step resnet50 560 python3 -m convlab bench --layers resnet50 \
+                --out "$W/res/r50" --repeat 8 --budget $(( $(left) - 60 )) ;;
+  esac
+done
+tar -czf "$OUT/results.tgz" -C "$W" res logs
+echo -e "\n== summary (total $(( $(date +%s) - T0 ))s)$SUMMARY"
