@@ -36,7 +36,7 @@ def ladder_impls(problem, kernels: dict | None = None, libraries: bool = True) -
              for name, fn in (kernels or CONV_LADDER).items()]
     if kernels is None:
         impls += [bench.launcher_impl(name, fn, problem, kind="beside")
-                  for name, fn in beside_kernels().items()]
+                  for name, fn in beside_kernels(tf32=True).items()]
     if libraries and baselines.torch_available():
         impls += [baselines.cudnn_conv_impl(problem, "fp32"),
                   baselines.cudnn_conv_impl(problem, "tf32"),
@@ -121,7 +121,8 @@ def run_ladder(layers=problems.RESNET, out_dir=None, repeat: int = 15, kernels=N
         prob = problems.conv_layer(name)
         lad = bench.bench_conv(ladder_impls(prob, kernels), prob, baseline="cuDNN fp32",
                                repeat=repeat, precision={"cuDNN tf32": "tf32",
-                                                         "cuDNN fp16": "fp16"},
+                                                         "cuDNN fp16": "fp16",
+                                                         "triton tf32": "tf32"},
                                verbose=False, clock=clock)
         d = lad.to_dict()
         if clock is None:
@@ -333,11 +334,19 @@ def _gemm_reference(a, b):
     return a64 @ b64, np.abs(a64) @ np.abs(b64)
 
 
-def beside_kernels() -> dict:
-    """Kernels raced beside the ladder but not rungs of it: Triton, where it runs."""
+def beside_kernels(tf32: bool = False) -> dict:
+    """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
+    checked at TF32's tolerance), where it runs."""
+    from functools import partial
+
     from .kernels import triton01_implicit_gemm as tri
 
-    return {"triton": tri.conv2d_triton} if tri.available() else {}
+    if not tri.available():
+        return {}
+    out = {"triton": tri.conv2d_triton}
+    if tf32:
+        out["triton tf32"] = partial(tri.conv2d_triton, precision="tf32")
+    return out
 
 
 def sweep_kernels() -> dict:

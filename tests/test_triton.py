@@ -56,3 +56,27 @@ def test_triton_conv_matches_the_reference(case):
     comp = check.compare(out.cpu().numpy(), c["expected"], c["absref"], c["reduction"])
     assert comp.ok, comp.summary()
     assert tri.best_config()["BLOCK_M"] in (32, 64, 128)
+
+
+def test_an_unknown_precision_is_refused():
+    x, w = np.zeros((1, 2, 5, 5), np.float32), np.zeros((3, 2, 3, 3), np.float32)
+    with pytest.raises(Unsupported, match="precision must be 'fp32' or 'tf32'"):
+        tri.conv2d_triton(x, w, np.zeros((1, 3, 5, 5), np.float32), padding=1,
+                          precision="fp16")
+
+
+@pytest.mark.gpu
+def test_triton_tf32_is_within_tf32_tolerance_and_not_fp32():
+    import torch
+
+    if not tri.available():
+        pytest.skip("Triton is not installed here")
+    rng = np.random.default_rng(7)
+    x, w = check.random_array((2, 37, 11, 13), rng), check.random_array((70, 37, 3, 3), rng)
+    c = check.reference_case(x, w, op=ref.conv2d_im2col, padding=1)
+    out = torch.full(c["expected"].shape, float("nan"), device="cuda")
+    tri.conv2d_triton(torch.from_numpy(x).cuda(), torch.from_numpy(w).cuda(), out, padding=1,
+                      precision="tf32")
+    got = out.cpu().numpy()
+    assert check.compare(got, c["expected"], c["absref"], c["reduction"], "tf32").ok
+    assert not check.compare(got, c["expected"], c["absref"], c["reduction"], "fp32").ok

@@ -6,7 +6,8 @@ program computes one BLOCK_M x BLOCK_N tile of the output with `tl.dot` on
 BLOCK_M x BLOCK_K and BLOCK_K x BLOCK_N tiles. What the Numba ladder does by hand, Triton
 decides: where the tiles live (shared memory, registers), how loads are vectorised, how
 many stages the loads are pipelined over (`num_stages`), and, through the autotuner, which
-tile shape runs. fp32 inputs with ``input_precision="ieee"``: plain FMA, no TF32.
+tile shape runs. fp32 inputs with ``input_precision="ieee"``: plain FMA, no TF32 (the
+'tf32' precision shows what Triton's default, tensor cores, would give).
 
 x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q), all float32 and contiguous, on the GPU
 (PyTorch tensors, or anything with ``__cuda_array_interface__``, such as Numba device
@@ -48,12 +49,13 @@ def kernel():
     import triton
     import triton.language as tl
 
-    @triton.autotune(configs=_configs(triton), key=["M", "K", "CRS"])
+    @triton.autotune(configs=_configs(triton), key=["M", "K", "CRS", "PRECISION"])
     @triton.jit
     def conv2d_triton_kernel(x_ptr, w_ptr, out_ptr, C, H, W, K, P, Q, M, CRS,
                              stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-                             R: tl.constexpr, S: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                             R: tl.constexpr, S: tl.constexpr, PRECISION: tl.constexpr,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr):
         # Programs along M vary fastest: neighbours share the filter tile in L2.
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -79,7 +81,7 @@ def kernel():
             b_mask = (offs_k[:, None] < CRS) & (offs_n[None, :] < K)
             b = tl.load(w_ptr + offs_n[None, :] * CRS + offs_k[:, None], mask=b_mask,
                         other=0.0)
-            acc += tl.dot(a, b, input_precision="ieee")
+            acc += tl.dot(a, b, input_precision=PRECISION)
         out = out_ptr + (n[:, None] * K + offs_n[None, :]) * PQ + pq[:, None]
         tl.store(out, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < K))
 
@@ -93,8 +95,14 @@ def _tensor(a):
     return a if isinstance(a, torch.Tensor) else torch.as_tensor(a, device="cuda")
 
 
-def conv2d_triton(x, w, out, stride=1, padding=0, dilation=1):
-    """out = conv2d(x, w) by the Triton kernel (autotuned per shape on first call)."""
+def conv2d_triton(x, w, out, stride=1, padding=0, dilation=1, precision: str = "fp32"):
+    """out = conv2d(x, w) by the Triton kernel (autotuned per shape on first call).
+
+    precision: 'fp32' (FMA, TF32 off, as the course's kernels) or 'tf32' (tensor cores,
+    inputs rounded to 10-bit mantissas: what `tl.dot` does by default).
+    """
+    if precision not in ("fp32", "tf32"):
+        raise Unsupported(f"precision must be 'fp32' or 'tf32', got {precision!r}")
     p = ref.conv_params(x.shape, w.shape, stride, padding, dilation)
     if tuple(out.shape) != p.out_shape:
         raise Unsupported(f"out must have shape {p.out_shape}, got {tuple(out.shape)}")
@@ -111,7 +119,8 @@ def conv2d_triton(x, w, out, stride=1, padding=0, dilation=1):
         return (triton.cdiv(M, meta["BLOCK_M"]), triton.cdiv(p.K, meta["BLOCK_N"]))
 
     kernel()[grid](xt, wt, ot, p.C, p.H, p.W, p.K, p.P, p.Q, M, CRS, *p.stride, *p.padding,
-                   *p.dilation, R=p.R, S=p.S)
+                   *p.dilation, R=p.R, S=p.S,
+                   PRECISION="ieee" if precision == "fp32" else "tf32")
     return out
 
 
