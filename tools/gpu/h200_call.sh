@@ -37,6 +37,8 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     bench) TAIL=80 step bench 330 python3 -m convlab bench --out "$W/res/bench" --repeat 12 ;;
     lessons04_06) step lessons04_06 150 python3 -m convlab measure lessons04_06 --prefix h200 \
                     --out "$W/res" --budget 100 ;;
+    triton_tests) TAIL=8 step triton_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                    tests/test_triton.py ;;
     tests) TAIL=30 step tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton.py \
              tests/test_grading_speed.py tests/test_kernels_fast.py tests/test_bench.py ;;
     calibrate) for n in 06_shared_memory_tiling 07_register_blocking 08_implicit_gemm 09_last_mile; do
