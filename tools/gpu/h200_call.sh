@@ -44,9 +44,9 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     calibrate) for n in 06_shared_memory_tiling 07_register_blocking 08_implicit_gemm 09_last_mile; do
                  TAIL=14 step "grade_$n" 150 python3 -m convlab grade "solutions/$n.ipynb" \
                    --instructor "solutions/$n.ipynb" --gpu --out "$W/res/grade_$n.json"; done ;;
-    notebooks) TAIL=12 step notebooks 560 python3 -m convlab measure notebooks --out "$W/res/nb" \
-                 --timeout 240 notebooks/04_*.ipynb notebooks/05_*.ipynb notebooks/06_*.ipynb \
-                 notebooks/07_*.ipynb notebooks/13_*.ipynb ;;
+    notebooks) TAIL=12 step notebooks 560 python3 -m convlab measure notebooks \
+                 notebooks/04_*.ipynb notebooks/05_*.ipynb notebooks/06_*.ipynb \
+                 notebooks/07_*.ipynb notebooks/13_*.ipynb --out "$W/res/nb" --timeout 240 ;;
     resnet50) TAIL=40 step resnet50 560 python3 -m convlab bench --layers resnet50 \
                 --out "$W/res/r50" --repeat 8 --budget $(( $(left) - 60 )) ;;
   esac
