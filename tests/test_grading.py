@@ -301,6 +301,22 @@ def test_grade_cli_writes_results_json(tmp_path, capsys):
     assert "mine.ipynb: 1 / 5 points" in text and "✓ fx.gemm" in text
 
 
+def test_results_in_the_temp_folder_do_not_deny_the_graders_own_scratch(tmp_path):
+    """`--out /tmp/r.json` denies writes to /tmp, which holds the grader's scratch and
+    outbox: the answer's replies must still get through (they did not: every task 0)."""
+    import tempfile
+    import uuid
+
+    sub = submission(tmp_path / "mine.ipynb", "solution_gemm.py")
+    out = Path(tempfile.gettempdir()) / f"convlab-test-{uuid.uuid4().hex}.json"
+    try:
+        assert cli(["grade", str(sub), "--instructor", str(FIXTURE), "--out", str(out)]) == 0
+        tests = by_task(json.loads(out.read_text()))
+        assert tests["fx.gemm"]["status"] == "passed", tests["fx.gemm"]["output"]
+    finally:
+        out.unlink(missing_ok=True)
+
+
 # ----------------------------------------------------------------------------------------
 # Every real solution notebook scores full marks; every generated exercise scores zero
 

@@ -157,7 +157,8 @@ def _wrap_answer_functions(refuse) -> None:
 def install(cfg: dict):
     """Set up the rails in this (grading) kernel; return the guard for graded calls.
 
-    cfg: ``deny_read`` and ``deny_write`` (paths). The guard is a context manager factory:
+    cfg: ``deny_read`` and ``deny_write`` (paths), ``allow_write`` (folders inside a denied
+    one that stay writable: the learner's scratch folder). The guard is a context manager factory:
     ``with guard():`` marks "the learner's function is running".
     """
     if _installed:
@@ -165,6 +166,8 @@ def install(cfg: dict):
     norm = os.path.realpath
     deny_read = tuple(norm(p) for p in cfg.get("deny_read", []))
     deny_write = tuple(norm(p) for p in cfg.get("deny_write", []))
+    # the learner's own scratch folder stays writable when a denied folder holds it
+    allow_write = tuple(norm(p) for p in cfg.get("allow_write", []))
     sep = os.sep
     state = {"active": 0}
     local = threading.local()
@@ -232,7 +235,7 @@ def install(cfg: dict):
                     isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT
                                                         | os.O_TRUNC | os.O_APPEND))
                 if writing and (os.path.basename(path) == "results.json"
-                                or under(path, deny_write)):
+                                or (under(path, deny_write) and not under(path, allow_write))):
                     raise NotAllowedInAnswer(f"writing {path} is not allowed while grading")
                 if under(path, deny_read):
                     raise NotAllowedInAnswer(f"reading {path} is not allowed while grading")
@@ -240,7 +243,8 @@ def install(cfg: dict):
                            "os.chmod", "os.link", "os.symlink"):
                 for a in args[:2]:
                     path = path_of(a)
-                    if path and (under(path, deny_write) or under(path, deny_read)):
+                    if path and ((under(path, deny_write) and not under(path, allow_write))
+                                 or under(path, deny_read)):
                         raise NotAllowedInAnswer(f"{event} on {path} is not allowed while "
                                                  "grading")
             elif event in _SPAWN_EVENTS:
