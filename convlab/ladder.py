@@ -476,6 +476,9 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "resnet50.json").write_text(json.dumps(result, indent=1))
+        for b in sweep["batches"]:
+            plot_layer_sweep(sweep, b, f"{result['device']}: ResNet-50 layers, batch {b}",
+                             out / f"resnet50_batch{b}.png")
     return result
 
 
@@ -634,6 +637,33 @@ def plot_batch_sweep(result: dict, path=None):
     axes[0][0].set_ylabel("% of cuDNN fp32 speed" if have_base else "ms")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(f"{result['device']}: batch-size sweep", fontsize=10)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_layer_sweep(sweep: dict, batch: int = 32, title: str = "", path=None):
+    """% of cuDNN fp32 of each kernel on every layer of a `run_batch_sweep` at one batch
+    size: one group of bars per layer, the 100% line dashed; cuDNN's algorithm under it."""
+    import matplotlib
+
+    matplotlib.use("Agg") if path else None
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in sweep["rows"] if r["batch"] == batch]
+    names = [n for n in dict.fromkeys(k for r in rows for k in r["pct_cudnn"]) if n != "cuDNN fp32"]
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.55 * len(rows) + 2), 3.8))
+    width = 0.8 / max(1, len(names))
+    for j, n in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(rows))]
+        ax.bar(xs, [r["pct_cudnn"].get(n) or 0 for r in rows], width, label=n)
+    ax.axhline(100, color="k", lw=0.8, ls="--")
+    labels = [f"{r['layer']}\n{(r.get('cudnn_algorithm') or '')[:13]}" for r in rows]
+    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
+    ax.set_ylabel("% of cuDNN fp32 speed")
+    ax.set_title(title or f"every layer at batch {batch}", fontsize=10)
+    ax.legend(fontsize=7, ncol=len(names))
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=120)

@@ -186,3 +186,14 @@ def test_batch_sweep_stops_starting_rows_after_its_budget():
     assert len(res["rows"]) == 1  # the first row always runs; then the budget is spent
     assert res["rows"][0]["errors"] == {} and res["rows"][0]["ms"]["coalesced"] == 1.0
     assert res["skipped"] == ["tiny2 batch 1", "tiny batch 2", "tiny2 batch 2"]
+
+
+def test_plot_layer_sweep_draws_one_bar_per_kernel_and_layer(tmp_path):
+    sweep = dict(rows=[
+        _sweep_row("3x3 64ch 56x56", 32, {"implicit_gemm_tuned": 80.0, "triton": 60.0}),
+        _sweep_row("1x1 64->64 56x56", 32, {"implicit_gemm_tuned": 90.0, "triton": 40.0}),
+        _sweep_row("1x1 64->64 56x56", 1, {"implicit_gemm_tuned": 20.0})])
+    fig = ladder.plot_layer_sweep(sweep, 32, path=tmp_path / "r.png")
+    heights = sorted(p.get_height() for p in fig.axes[0].patches)
+    assert heights == [40.0, 60.0, 80.0, 90.0]  # batch 1's row is not drawn
+    assert (tmp_path / "r.png").stat().st_size > 0
