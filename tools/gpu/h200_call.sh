@@ -3,6 +3,7 @@
 # results and logs go to $OUT/results.tgz and a summary is printed last.
 #   STEPS="bench lessons04_06 tests" BUDGET=560 bash tools/gpu/h200_call.sh
 # Steps: bench (ladder + GEMM ladder + batch sweep, Triton beside), lessons04_06 (measure),
+# profile (ncu), call_time, census (ResNet-18, into the stored lessons12_13 file),
 # tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of
 # the speed-task solutions), notebooks (04-07, 13 on the GPU), resnet50 (every distinct
 # ResNet-50 layer at batch 32, 1, 128, for what remains of the budget).
@@ -37,6 +38,11 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     bench) TAIL=80 step bench 330 python3 -m convlab bench --out "$W/res/bench" --repeat 12 ;;
     lessons04_06) step lessons04_06 150 python3 -m convlab measure lessons04_06 --prefix h200 \
                     --out "$W/res" --budget 100 ;;
+    profile) step profile 100 python3 -m convlab profile --out "$W/res" --timeout 95 ;;
+    call_time) step call_time 60 python3 -m convlab measure call_time --out "$W/res" --prefix h200 ;;
+    census) cp convlab/results/h200_lessons12_13.json "$W/res/" 2>/dev/null  # the census joins it
+            step census 70 python3 -m convlab measure lessons12_13 --only census --prefix h200 \
+              --out "$W/res" ;;
     triton_tests) TAIL=8 step triton_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_triton.py ;;
     tests) TAIL=30 step tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton.py \
