@@ -164,8 +164,10 @@ def test_gemm04_source_is_unrolled():
 
 def test_cuda_config_validation():
     assert C9.Config(128, 64, 16, 3, 2, SPLIT_K=2).validate()
-    with pytest.raises(ValueError, match="SPLIT_K"):
-        C9.Config(SPLIT_K=3).validate()
+    assert C9.Config(SPLIT_K=8).validate()  # 3+ parts: a workspace, summed in order
+    for bad in (0, C9.MAX_SPLIT_K + 1):
+        with pytest.raises(ValueError, match="SPLIT_K"):
+            C9.Config(SPLIT_K=bad).validate()
     with pytest.raises(ValueError, match="48 KB"):
         C9.Config(128, 128, 16, 4).validate()
     with pytest.raises(ValueError, match="BN >= 64"):
@@ -181,7 +183,16 @@ def test_cuda_choice_rule_and_table(tmp_path, monkeypatch):
     l64 = ref.conv_params((32, 64, 56, 56), (64, 64, 3, 3), padding=1)
     l256 = ref.conv_params((32, 256, 14, 14), (256, 256, 3, 3), padding=1)
     assert C9.choose(l64).BM == 64
-    assert C9.choose(l256).SPLIT_K == 2  # 98 tiles of 128x64 for 132 SMs: split
+    assert C9.choose(l256).SPLIT_K == 2  # 196 tiles of 128x64: under 2 per SM, two parts
+    # batch 1: 49 tiles of 64x64 for 132 SMs; the reduction (9 taps x 4 slabs) in 6 parts
+    b1 = ref.conv_params((1, 64, 56, 56), (64, 64, 3, 3), padding=1)
+    assert C9.choose(b1).SPLIT_K == 6 and C9.choose(b1).BM == 64
+    late = ref.conv_params((1, 2048, 7, 7), (512, 2048, 1, 1))  # 4 tiles, 128 slabs
+    assert C9.choose(late).SPLIT_K == C9.MAX_SPLIT_K
+    few = ref.conv_params((1, 16, 8, 8), (128, 16, 1, 1))  # 1 slab: nothing to split
+    assert C9.choose(few).SPLIT_K == 1
+    big = ref.conv_params((32, 1024, 28, 28), (256, 1024, 1, 1))  # 392 x 2 tiles: no split
+    assert C9.choose(big).SPLIT_K == 1
     table = {"tuned": {"cuda": {autotune.problem_key(l64): dict(
         BM=128, BN=128, BK=8, STAGES=4, MINB=2, SPLIT_K=1)}}}
     (tmp_path / "t.json").write_text(json.dumps(table))
@@ -204,7 +215,7 @@ _nvrtc_available = nvrtc_available
 @pytest.mark.skipif(not _nvrtc_available(), reason="cuda-python's NVRTC not installed")
 def test_cuda_source_compiles_with_nvrtc_without_gpu():
     ptx = C9.compile_ptx([C9.DEFAULT, C9.Config(64, 64, 16, 3, 4)])
-    assert ptx.count(".entry") == 3  # two tile shapes + the filter transform
+    assert ptx.count(".entry") == 4  # two tile shapes, the filter transform, the split sum
     assert "cp.async.cg.shared.global" in ptx and "cp.async.ca.shared.global" in ptx
     assert "ld.shared.v4.f32" in ptx and "st.global.v4.f32" in ptx
     assert "fma.rn.f32" in ptx and "ld.local" not in ptx
@@ -330,3 +341,23 @@ def test_cuda_split_k_is_reproducible():
     pytest.importorskip("cupy")
     launch = C9.make_launcher(C9.Config(128, 64, 8, 3, 2, SPLIT_K=2))
     check.check_conv2d(launch, dilation=True, quiet=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("parts", [3, 7])
+def test_cuda_workspace_split_k_is_right_and_bitwise_reproducible(parts):
+    cp = pytest.importorskip("cupy")
+    launch = C9.make_launcher(C9.Config(64, 64, 8, 4, 4, SPLIT_K=parts))
+    check.check_conv2d(launch, dilation=True, quiet=True)
+    rng = np.random.default_rng(parts)
+    x = cp.asarray(check.random_array((1, 67, 13, 11), rng))  # 603 = 9 x 67: many slabs
+    w = cp.asarray(check.random_array((93, 67, 3, 3), rng))
+    outs = []
+    for _ in range(3):
+        out = cp.full((1, 93, 13, 11), np.nan, dtype=cp.float32)
+        launch(x, w, out, padding=1)
+        outs.append(cp.asnumpy(out))
+    assert not np.isnan(outs[0]).any()
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])  # the same bits every run
+    c = check.reference_case(cp.asnumpy(x), cp.asnumpy(w), padding=1)
+    assert check.compare(outs[0], c["expected"], c["absref"], c["reduction"]).ok

@@ -64,6 +64,17 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+// y[i] = ws[i] + ws[n + i] + ... + ws[(parts - 1) n + i], always in this order.
+extern "C" __global__ void split_sum(const float* __restrict__ ws, float* __restrict__ y,
+                                     long long n, int parts) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = ws[i];
+        for (int p = 1; p < parts; ++p) v += ws[p * n + i];
+        y[i] = v;
+    }
+}
+
 // wt[((r*S + s)*Cp + c)*Kp + k] = w[k, c, r, s], zero where c >= C or k >= K.
 extern "C" __global__ void rsck_weights(const float* __restrict__ w, float* __restrict__ wt,
                                         int K, int C, int R, int S, int Cp, int Kp) {
@@ -79,7 +90,8 @@ template <int BM, int BN, int BK, int STAGES, int MINB>
 __global__ void __launch_bounds__((BM / 8) * (BN / 8), MINB)
 conv_igemm(const float* __restrict__ x, const float* __restrict__ wt, float* __restrict__ y,
            int N, int C, int H, int W, int K, int R, int S, int P, int Q,
-           int sh, int sw, int ph, int pw, int dh, int dw, int Cp, int Kp, int tiles_per_split)
+           int sh, int sw, int ph, int pw, int dh, int dw, int Cp, int Kp, int tiles_per_split,
+           int workspace)
 {
     constexpr int NT = (BM / 8) * (BN / 8);
     constexpr int TX = BN / 8;          // threads along the pixels of the tile
@@ -179,8 +191,11 @@ conv_igemm(const float* __restrict__ x, const float* __restrict__ wt, float* __r
     }
     cp_async_wait<0>();
 
-    // epilogue: y[img, k, p, q]; two runs of 4 neighbouring pixels per thread and filter
-    const bool split = gridDim.z > 1;
+    // epilogue: y[img, k, p, q]; two runs of 4 neighbouring pixels per thread and filter.
+    // Split-K: two parts add into y (a + b == b + a: reproducible); more parts each write
+    // their own slice of a workspace, summed in a fixed order by split_sum.
+    if (workspace) y += (size_t)blockIdx.z * ((size_t)N * K * PQ);
+    const bool split = gridDim.z > 1 && !workspace;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int jb = j0 + half * (BN / 2) + tx * 4;
@@ -243,12 +258,11 @@ class Config:
                              "threads >= BN")
         if self.STAGES < 2 or self.smem_bytes() > 48 * 1024:
             raise ValueError(f"{self}: STAGES >= 2 and at most 48 KB of shared memory")
-        if self.SPLIT_K not in (1, 2):
-            # 0 + a + b == 0 + b + a exactly, but with three parts the order of the atomic
-            # adds changes the rounding: the result would differ from run to run (the
-            # checkers call that a race, rightly: it is not reproducible).
-            raise ValueError(f"{self}: SPLIT_K must be 1 or 2 (more parts make the atomic "
-                             "sums depend on their order, so results change between runs)")
+        if not 1 <= self.SPLIT_K <= MAX_SPLIT_K:
+            # two parts add atomically into the output (0 + a + b == 0 + b + a exactly);
+            # with three or more the order of atomic adds would change the rounding from
+            # run to run, so each part writes a workspace slice, summed in a fixed order.
+            raise ValueError(f"{self}: SPLIT_K must be 1 to {MAX_SPLIT_K}")
         return self
 
     def __str__(self):
@@ -256,6 +270,7 @@ class Config:
         return s + (f" splitK{self.SPLIT_K}" if self.SPLIT_K > 1 else "")
 
 
+MAX_SPLIT_K = 16
 DEFAULT = Config()
 # Candidate shapes for the autotuner (convlab.autotune) and the H200 sweep.
 CANDIDATES = [
@@ -331,13 +346,17 @@ def _plan(name, x, w, out, stride, padding, dilation, groups, cfg: Config):
         raise Unsupported(f"K={p.K} needs {grid[1]} block rows; CUDA allows 65535")
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     i32 = np.int32
+    n_out = p.N * p.K * p.P * p.Q
+    ws = cp.empty(split * n_out, dtype=cp.float32) if split > 2 else None
     plan = dict(
-        p=p, wt=wt, split=split, out_bytes=4 * p.N * p.K * p.P * p.Q,
+        p=p, wt=wt, split=split, out_bytes=4 * n_out, n_out=n_out, ws=ws,
+        sum_fn=mod.get_function("split_sum"),
+        sum_grid=(min(ceil_div(n_out, 256), 4 * 132),),
         wt_fn=mod.get_function("rsck_weights"), wt_grid=(ceil_div(n_wt, 256),),
         wt_tail=(wt, *(i32(v) for v in (p.K, p.C, p.R, p.S, Cp, Kp))),
         fn=mod.get_function(cfg.name_expression), grid=grid, block=(cfg.threads,),
         tail=tuple(i32(v) for v in (p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph,
-                                    pw, dh, dw, Cp, Kp, per_split)))
+                                    pw, dh, dw, Cp, Kp, per_split, int(split > 2))))
     if key is not None:
         if len(_PLANS) > 256:
             _PLANS.clear()
@@ -351,7 +370,14 @@ def conv_igemm_launch(x, w, out, plan):
 
     u64 = np.uint64
     plan["wt_fn"](plan["wt_grid"], (256,), (u64(_ptr(w)), *plan["wt_tail"]))
-    if plan["split"] > 1:  # split-K adds partial sums into a zeroed output
+    if plan["ws"] is not None:  # 3+ parts: each into its workspace slice, then one sum
+        plan["fn"](plan["grid"], plan["block"],
+                   (u64(_ptr(x)), plan["wt"], plan["ws"], *plan["tail"]))
+        plan["sum_fn"](plan["sum_grid"], (256,), (plan["ws"], u64(_ptr(out)),
+                                                   np.int64(plan["n_out"]),
+                                                   np.int32(plan["split"])))
+        return out
+    if plan["split"] > 1:  # two parts add their partial sums into a zeroed output
         cp.cuda.runtime.memsetAsync(_ptr(out), 0, plan["out_bytes"],
                                     cp.cuda.get_current_stream().ptr)
     plan["fn"](plan["grid"], plan["block"],
@@ -376,17 +402,25 @@ def make_launcher(cfg: Config = DEFAULT, name: str = "conv2d_implicit_gemm_cuda"
 SMS = 132  # H200 multiprocessors, for the fallback rule
 
 
+def split_for(blocks: int, k_tiles: int) -> int:
+    """Parts to split the reduction into so that `blocks` output tiles give about two
+    blocks per SM, each part keeping at least 4 of the `k_tiles` reduction slabs."""
+    return max(1, min(MAX_SPLIT_K, ceil_div(2 * SMS, blocks), k_tiles // 4))
+
+
 def heuristic(p) -> Config:
-    """The rule behind the H200 table (batch 32): 64x64x16 tiles for K <= 64,
-    else 128x64x16, split in two along the reduction when that gives fewer than about
-    two blocks per SM."""
+    """The rule behind the H200 table (batch 32), for layers it does not hold: 64x64x16
+    tiles for K <= 64, else 128x64x16; the reduction split (`split_for`) when the output
+    has too few tiles to fill the GPU (batch 1, the late layers)."""
     npq = p.N * p.P * p.Q
-    if p.K <= 64:
-        return Config(64, 64, 16, 3, 4)
-    cfg = Config(128, 64, 16, 3, 2)
-    if ceil_div(p.K, cfg.BM) * ceil_div(npq, cfg.BN) < 2 * SMS:
-        cfg = Config(128, 64, 16, 3, 2, SPLIT_K=2)
-    return cfg
+    small = p.K <= 64
+    cfg = Config(64, 64, 16, 3, 4) if small else Config(128, 64, 16, 3, 2)
+    blocks = ceil_div(p.K, cfg.BM) * ceil_div(npq, cfg.BN)
+    if blocks < SMS:  # fewer tiles than SMs: split the reduction to fill the GPU
+        split = split_for(blocks, p.R * p.S * ceil_div(p.C, cfg.BK))
+    else:  # the table's rule: two parts below two blocks per SM
+        split = 2 if not small and blocks < 2 * SMS else 1
+    return Config(cfg.BM, cfg.BN, cfg.BK, cfg.STAGES, cfg.MINB, SPLIT_K=split)
 
 
 def choose(p) -> Config:
