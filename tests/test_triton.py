@@ -80,3 +80,18 @@ def test_triton_tf32_is_within_tf32_tolerance_and_not_fp32():
     got = out.cpu().numpy()
     assert check.compare(got, c["expected"], c["absref"], c["reduction"], "tf32").ok
     assert not check.compare(got, c["expected"], c["absref"], c["reduction"], "fp32").ok
+
+
+@pytest.mark.gpu
+def test_a_channels_last_or_half_tensor_is_refused():
+    import torch
+
+    if not tri.available():
+        pytest.skip("Triton is not installed here")
+    x = torch.zeros((1, 4, 6, 6), device="cuda").to(memory_format=torch.channels_last)
+    w = torch.zeros((3, 4, 3, 3), device="cuda")
+    out = torch.zeros((1, 3, 6, 6), device="cuda")
+    with pytest.raises(Unsupported, match="x must be a contiguous float32"):
+        tri.conv2d_triton(x, w, out, padding=1)
+    with pytest.raises(Unsupported, match="w must be a contiguous float32"):
+        tri.conv2d_triton(x.contiguous(), w.half(), out, padding=1)

@@ -49,7 +49,10 @@ def kernel():
     import triton
     import triton.language as tl
 
-    @triton.autotune(configs=_configs(triton), key=["M", "K", "CRS", "PRECISION"])
+    # the key: what makes two layers different problems (a stride-2 layer and a stride-1
+    # one can share M, K and C*R*S)
+    @triton.autotune(configs=_configs(triton),
+                     key=["M", "K", "CRS", "H", "W", "stride_h", "stride_w", "PRECISION"])
     @triton.jit
     def conv2d_triton_kernel(x_ptr, w_ptr, out_ptr, C, H, W, K, P, Q, M, CRS,
                              stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
@@ -111,8 +114,14 @@ def conv2d_triton(x, w, out, stride=1, padding=0, dilation=1, precision: str = "
     import triton
 
     xt, wt, ot = _tensor(x), _tensor(w), _tensor(out)
+    import torch
+
+    for name, t in (("x", xt), ("w", wt), ("out", ot)):
+        if t.dtype != torch.float32 or not t.is_contiguous():
+            raise Unsupported(f"{name} must be a contiguous float32 tensor (NCHW), got "
+                              f"{t.dtype}{'' if t.is_contiguous() else ', not contiguous'}")
     M, CRS = p.N * p.P * p.Q, p.C * p.R * p.S
-    if max(xt.numel(), ot.numel()) >= 2**31:
+    if max(xt.numel(), wt.numel(), ot.numel()) >= 2**31:
         raise Unsupported("the Triton rung indexes with 32-bit offsets: tensor too large")
 
     def grid(meta):
