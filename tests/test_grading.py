@@ -301,6 +301,24 @@ def test_grade_cli_writes_results_json(tmp_path, capsys):
     assert "mine.ipynb: 1 / 5 points" in text and "✓ fx.gemm" in text
 
 
+def test_the_jail_mounts_a_course_installed_under_tmp(monkeypatch, tmp_path):
+    """A checkout or virtual environment under /tmp (a CI clone, a pytest folder) vanished
+    behind the jail's fresh /tmp: the kernel's Python was "No such file"."""
+    from convlab.grading import kernel
+
+    site = Path("/tmp") / f"convlab-site-{os.getpid()}"
+    site.mkdir(exist_ok=True)
+    try:
+        monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}/nonexistent")
+        monkeypatch.setattr(kernel.sys, "prefix", str(tmp_path))
+        dirs = kernel._import_dirs_in_private_tmp()
+        assert str(site.resolve()) in dirs and str(tmp_path.resolve()) in dirs
+        assert "/nonexistent" not in dirs
+        assert all(d.startswith(("/tmp/", "/var/tmp/", "/dev/shm/")) for d in dirs)
+    finally:
+        site.rmdir()
+
+
 def test_results_in_the_temp_folder_do_not_deny_the_graders_own_scratch(tmp_path):
     """`--out /tmp/r.json` denies writes to /tmp, which holds the grader's scratch and
     outbox: the answer's replies must still get through (they did not: every task 0)."""

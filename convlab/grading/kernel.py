@@ -55,10 +55,15 @@ def isolation() -> dict:
 
 
 def _import_dirs_in_private_tmp() -> list[str]:
-    """PYTHONPATH folders under /tmp, /var/tmp or /dev/shm (carried wheels, say): the jail
-    mounts a fresh /tmp, so these are mounted into it again, read-only."""
+    """What the kernel needs to import that lies under /tmp, /var/tmp or /dev/shm: the
+    Python environment, the course's checkout, PYTHONPATH folders (carried wheels, say).
+    The jail mounts a fresh /tmp, so these are mounted into it again, read-only (the hidden
+    paths inside them are covered after)."""
+    candidates = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), sys.prefix,
+                  sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+                  str(Path(__file__).resolve().parents[2])]
     out = []
-    for p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    for p in candidates:
         real = os.path.realpath(p) if p else ""
         if real and os.path.isdir(real) and any(
                 real == t or real.startswith(t + os.sep) for t in jail.PRIVATE_TMP):
