@@ -12,7 +12,8 @@ What makes the checkers hard to fool (each has fooled a public checker before):
   ``conv(|x|, |w|)`` (`reference_case`), so it is tight where the answer is small;
 - a function that writes ``out`` runs twice on the same inputs: a result that moves
   between runs is a race (missing ``syncthreads``, stale shared memory); under the
-  simulator a GPU launcher is also traced for shared-memory races (`convlab.trace`).
+  simulator a GPU launcher is traced for shared-memory races instead (`convlab.trace`)
+  and then runs each case once.
 
 `compare` reports the first bad index, max abs / rel error and an error map; `_run_cases`
 runs a list of `reference_case` problems and raises `CheckError` with that report.
@@ -334,7 +335,11 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
         device = bool(getattr(fn, "device", False))
     if _writes_out(fn) is False and runs > 1:
         runs = 1  # a pure function cannot race with itself; one run is enough
-    _race_check(task, fn, cases, device)  # a race explains any wrong answer: report it first
+    # a race explains any wrong answer: report it first. Under the simulator a launcher the
+    # tracer has checked for races runs each case once: a second run would find a race only
+    # if the simulator's thread switches happened to expose it, the trace finds it always.
+    if _race_check(task, fn, cases, device):
+        runs = 1
     worst, passed = 0.0, []
     for case in cases:
         first = None
@@ -366,14 +371,15 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
     return line
 
 
-def _race_check(task: str, fn, cases, device) -> None:
+def _race_check(task: str, fn, cases, device) -> bool:
     """Under the simulator, trace a GPU launcher on the smallest case (convlab.trace):
     two threads touching one shared address between the same barriers is a race even
-    when the simulator happened to give the right answer."""
+    when the simulator happened to give the right answer. True when the trace ran and
+    found none; raise CheckError when it found one."""
     from ..runtime import is_simulator
 
     if not device or not cases or not is_simulator():
-        return
+        return False
     from .. import trace
 
     case = min(cases, key=lambda c: sum(np.size(a) for a in c["inputs"]))
@@ -388,13 +394,14 @@ def _race_check(task: str, fn, cases, device) -> None:
                 t = trace.trace_launch(fn, *args, **case["kwargs"])
         races = t.races()
     except Exception:  # noqa: BLE001  (the tracer cannot model this code: the checks above stand)
-        return
+        return False
     if races:
         more = f"\n  ({len(races)} different hazards in all)" if len(races) > 1 else ""
         raise CheckError(
             f"{task} FAILED on {case['label']}\n  {races[0]}{more}\n  hint: missing "
             "cuda.syncthreads()? Every thread must finish writing a shared tile before others "
             "read it, and finish reading it before anyone overwrites it")
+    return True
 
 
 def _value_call(task: str, fn, args: tuple, kwargs: dict, label: str):
