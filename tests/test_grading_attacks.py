@@ -152,7 +152,23 @@ def test_isolation_is_reported(families):
 # Breaking grading for others
 
 
-def _survivors() -> list[str]:
+def _survivors(wait: float = 90) -> list[str]:
+    """Processes of jailed users (or the killer's sleepers) alive when the batch has
+    returned and still alive `wait` seconds later. Under xdist another file's gradings run
+    beside this test, and their kernels (jailed users too) come and go within seconds; a
+    process this batch left behind does not go."""
+    import time
+
+    deadline = time.monotonic() + wait
+    first = set(_jailed_processes())  # the batch has returned: anything of it is here now
+    while True:
+        left = sorted(first & set(_jailed_processes()))  # later ones are other tests'
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1)
+
+
+def _jailed_processes() -> list[str]:
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
