@@ -304,16 +304,16 @@ def test_grade_cli_writes_results_json(tmp_path, capsys):
 def test_the_jail_mounts_a_course_installed_under_tmp(monkeypatch, tmp_path):
     """A checkout or virtual environment under /tmp (a CI clone, a pytest folder) vanished
     behind the jail's fresh /tmp: the kernel's Python was "No such file"."""
-    from convlab.grading import kernel
+    from convlab.grading import jail, kernel
 
     site = Path("/tmp") / f"convlab-site-{os.getpid()}"
     site.mkdir(exist_ok=True)
     try:
         monkeypatch.setenv("PYTHONPATH", f"{site}{os.pathsep}/nonexistent")
         monkeypatch.setattr(kernel.sys, "prefix", str(tmp_path))
-        dirs = kernel._import_dirs_in_private_tmp()
+        dirs = [d for d in kernel._exposed_dirs() if jail.in_private_tmp(d)]  # re-mounted
         assert str(site.resolve()) in dirs and str(tmp_path.resolve()) in dirs
-        assert "/nonexistent" not in dirs
+        assert "/nonexistent" not in kernel._exposed_dirs()
         assert all(d.startswith(("/tmp/", "/var/tmp/", "/dev/shm/")) for d in dirs)
     finally:
         site.rmdir()

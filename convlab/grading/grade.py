@@ -262,14 +262,6 @@ def _needed() -> list[Path]:
             Path(tempfile.gettempdir()).resolve()]
 
 
-def _holds(folder, *paths) -> bool:
-    """Whether `folder` is one of `paths` or a folder above one (a results folder in /tmp
-    holds the grader's own temporary folders: the jail gives the kernel a /tmp of its own
-    instead of hiding it)."""
-    f = Path(folder).resolve()
-    return any(f == Path(p).resolve() or f in Path(p).resolve().parents for p in paths)
-
-
 def _hideable(paths) -> list[str]:
     """Paths to hide from the kernel, without any the kernel needs to run."""
     out = []
@@ -371,8 +363,7 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
     os.chmod(cfg, 0o644)
     init = (f"import convlab.grading.worker as _cg\n_cg.install({str(cfg)!r})\ndel _cg\n")
     session = KernelSession(scratch, priv, mode, readonly=[inbox], init=init,
-                            hide=[p for p in _hideable([*deny_read, *deny_write, Path.home()])
-                                  if not _holds(p, scratch, inbox)],
+                            hide=_hideable([*deny_read, *deny_write, Path.home()]),
                             total_timeout=total_timeout)
     if session.jailed:
         os.chown(outbox, session.uid, session.uid)

@@ -210,10 +210,20 @@ def _expose(paths) -> None:
             os.close(fd)
 
 
+def in_private_tmp(path: str) -> bool:
+    """Whether `path` lies under a folder the jail replaces by a fresh tmpfs."""
+    real = os.path.realpath(path)
+    return any(real == t or real.startswith(t + os.sep) for t in PRIVATE_TMP)
+
+
 def _setup_mounts(cfg: dict) -> None:
     mount("none", "/", None, MS_REC | MS_PRIVATE)
-    _expose(cfg.get("expose", []))
-    keep = [(p, ro) for p, ro in ((cfg["scratch"], False), *((p, True) for p in cfg["readonly"]))]
+    exposed = cfg.get("expose", [])
+    _expose(exposed)
+    # what the kernel needs under /tmp (a venv, a checkout, carried wheels) is mounted into
+    # the fresh /tmp again, read-only; the hidden paths inside it are covered after
+    readonly = [*cfg["readonly"], *(p for p in exposed if os.path.isdir(p) and in_private_tmp(p))]
+    keep = [(p, ro) for p, ro in ((cfg["scratch"], False), *((p, True) for p in readonly))]
     fds = [(os.open(p, os.O_PATH | os.O_DIRECTORY), p, ro) for p, ro in keep]
     for t in PRIVATE_TMP:
         if os.path.isdir(t) and not os.path.islink(t):

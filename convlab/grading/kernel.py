@@ -54,21 +54,14 @@ def isolation() -> dict:
                     "the in-process guard rails stand between it and the grader's files"}
 
 
-def _import_dirs_in_private_tmp() -> list[str]:
-    """What the kernel needs to import that lies under /tmp, /var/tmp or /dev/shm: the
-    Python environment, the course's checkout, PYTHONPATH folders (carried wheels, say).
-    The jail mounts a fresh /tmp, so these are mounted into it again, read-only (the hidden
-    paths inside them are covered after)."""
+def _exposed_dirs() -> list[str]:
+    """The folders the kernel must reach: the Python environment, the course's checkout and
+    the PYTHONPATH folders (carried wheels, say). The jail opens a way to them where a
+    parent folder is closed to the kernel's user or lies in the /tmp it replaces."""
     candidates = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), sys.prefix,
                   sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
                   str(Path(__file__).resolve().parents[2])]
-    out = []
-    for p in candidates:
-        real = os.path.realpath(p) if p else ""
-        if real and os.path.isdir(real) and any(
-                real == t or real.startswith(t + os.sep) for t in jail.PRIVATE_TMP):
-            out.append(real)
-    return sorted(set(out))
+    return sorted({os.path.realpath(p) for p in candidates if p and os.path.isdir(p)})
 
 
 def kernel_env(mode: str, home: str) -> dict:
@@ -165,11 +158,9 @@ class KernelSession:
             cfg = self.private / "jail.json"
             cfg.write_text(json.dumps({
                 "uid": self.uid, "gid": self.uid, "scratch": str(self.scratch),
-                "readonly": [str(p) for p in (*self.readonly, *_import_dirs_in_private_tmp())],
+                "readonly": [str(p) for p in self.readonly],
                 "hide": [str(p) for p in self.hide], "cgroup": self.cgroup,
-                "expose": sorted({os.path.realpath(p) for p in (
-                    sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(
-                        sys.executable)), Path(__file__).resolve().parents[2])}),
+                "expose": _exposed_dirs(),
                 "env": kernel_env(self.mode, str(self.scratch)),
                 "limits": self._limits()}))
             os.chmod(cfg, 0o600)
