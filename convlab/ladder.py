@@ -377,10 +377,9 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
     rows, skipped = [], []
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
-    todo = [(problems.conv_layer(n) if isinstance(n, str) else n, nb)
-            for nb in batches for n in layers] if budget_s else \
-        [(problems.conv_layer(n) if isinstance(n, str) else n, nb)
-         for n in layers for nb in batches]
+    layers = [problems.conv_layer(n) if isinstance(n, str) else n for n in layers]
+    todo = ([(lay, nb) for nb in batches for lay in layers] if budget_s else
+            [(lay, nb) for lay in layers for nb in batches])
     for i, (layer, nb) in enumerate(todo):
         if i and budget_s and time.perf_counter() - t0 > budget_s:
             skipped = [f"{lay.name} batch {b}" for lay, b in todo[i:]]

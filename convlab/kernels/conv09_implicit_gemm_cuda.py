@@ -351,7 +351,7 @@ def _plan(name, x, w, out, stride, padding, dilation, groups, cfg: Config):
     plan = dict(
         p=p, wt=wt, split=split, out_bytes=4 * n_out, n_out=n_out, ws=ws,
         sum_fn=mod.get_function("split_sum"),
-        sum_grid=(min(ceil_div(n_out, 256), 4 * 132),),
+        sum_grid=(min(ceil_div(n_out, 256), 4 * SMS),),
         wt_fn=mod.get_function("rsck_weights"), wt_grid=(ceil_div(n_wt, 256),),
         wt_tail=(wt, *(i32(v) for v in (p.K, p.C, p.R, p.S, Cp, Kp))),
         fn=mod.get_function(cfg.name_expression), grid=grid, block=(cfg.threads,),
@@ -370,18 +370,15 @@ def conv_igemm_launch(x, w, out, plan):
 
     u64 = np.uint64
     plan["wt_fn"](plan["wt_grid"], (256,), (u64(_ptr(w)), *plan["wt_tail"]))
-    if plan["ws"] is not None:  # 3+ parts: each into its workspace slice, then one sum
-        plan["fn"](plan["grid"], plan["block"],
-                   (u64(_ptr(x)), plan["wt"], plan["ws"], *plan["tail"]))
-        plan["sum_fn"](plan["sum_grid"], (256,), (plan["ws"], u64(_ptr(out)),
-                                                   np.int64(plan["n_out"]),
-                                                   np.int32(plan["split"])))
-        return out
-    if plan["split"] > 1:  # two parts add their partial sums into a zeroed output
+    ws = plan["ws"]  # 3+ parts: each into its workspace slice, then one fixed-order sum
+    if ws is None and plan["split"] > 1:  # two parts add their sums into a zeroed output
         cp.cuda.runtime.memsetAsync(_ptr(out), 0, plan["out_bytes"],
                                     cp.cuda.get_current_stream().ptr)
     plan["fn"](plan["grid"], plan["block"],
-               (u64(_ptr(x)), plan["wt"], u64(_ptr(out)), *plan["tail"]))
+               (u64(_ptr(x)), plan["wt"], u64(_ptr(out)) if ws is None else ws, *plan["tail"]))
+    if ws is not None:
+        plan["sum_fn"](plan["sum_grid"], (256,), (ws, u64(_ptr(out)), np.int64(plan["n_out"]),
+                                                   np.int32(plan["split"])))
     return out
 
 
