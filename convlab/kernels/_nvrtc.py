@@ -6,10 +6,12 @@ NVRTC comes with the CUDA 12 wheels that numba-cuda[cu12] installs (cuda.binding
 from __future__ import annotations
 
 
-def nvrtc_ptx(source: str, filename: str, name_expressions=(), arch: str = "compute_90") -> str:
+def nvrtc_ptx(source: str, filename: str, name_expressions=(), arch: str = "compute_90",
+              options=()) -> str:
     """PTX of `source` for virtual architecture `arch` (e.g. 'compute_90').
 
-    name_expressions: template instantiations to compile (e.g. 'conv<64, 64, 16>').
+    name_expressions: template instantiations to compile (e.g. 'conv<64, 64, 16>');
+    options: more NVRTC options (e.g. '-DBM=128').
     Raises RuntimeError with NVRTC's log if the source does not compile.
     """
     from cuda.bindings import nvrtc
@@ -23,7 +25,7 @@ def nvrtc_ptx(source: str, filename: str, name_expressions=(), arch: str = "comp
     for n in name_expressions:
         ok(nvrtc.nvrtcAddNameExpression(prog, n.encode() if isinstance(n, str) else n),
            "add name")
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"]
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17"] + [o.encode() for o in options]
     res = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     if res[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         size = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")

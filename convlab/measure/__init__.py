@@ -17,6 +17,8 @@ bench               08 13                      `convlab bench`: the ladder race
 lessons10_11        10 11                      streams, pipeline, multi-GPU,
                                                depthwise, separable, FFT, Winograd
 lessons12_13        12 13                      tensor cores, precisions, the census
+tensor_cores        12                         the mma.sync / wgmma ladder beside
+                                               cuBLAS and cuDNN
 call_time           (by name)                  GPU time and call time from Python of
                                                the depthwise, filter and conv tops
 ==================  =========================  ======================================
@@ -41,6 +43,7 @@ from . import (
     lessons10_11,
     lessons12_13,
     sweep,
+    tensor_cores,
     trace_vs_measured,
 )
 from .clock import FakeClock, GpuClock
@@ -60,7 +63,7 @@ __all__ = ["GROUPS", "Context", "FakeClock", "GpuClock", "Group", "Skip", "launc
 # in the order `measure all` runs them (the bench file's sweep first: bench uses its table)
 GROUPS = {g.name: g for g in (lessons04_06.GROUP, trace_vs_measured.GROUP, sweep.GROUP,
                               bench_group.GROUP, lessons10_11.GROUP, lessons12_13.GROUP,
-                              call_time.GROUP)}
+                              tensor_cores.GROUP, call_time.GROUP)}
 STORED = "h200_lessons04_06"  # what `stored` reads by default
 
 

@@ -1,0 +1,317 @@
+// Tensor cores through mma.sync (sm_80+): a GEMM and an implicit-GEMM convolution.
+//
+// C (M x N, fp32 or fp16) = A (M x Kd) @ B^T, where B is stored N x Kd ("K-major", the
+// layout conv filters already have as (K, R, S, C)). Inputs fp16 (or bf16 with -DBF16=1),
+// products exact, sums in fp32.
+//
+// One block computes BM x BN of C; each warp WM x WN of it, as (WM/16) x (WN/8) tiles of
+// mma.sync.m16n8k16 (fp32 accumulators: 4 per thread per tile). Per slab of BK along Kd,
+// A (BM x BK) and B (BN x BK) sit in shared memory as rows of BK halves; ldmatrix.x4 loads
+// four 8x8 matrices per instruction straight into the fragment registers mma.sync wants.
+//
+// Compile-time switches (the lesson-12 ladder, one step each):
+//   ASYNC=0    global -> registers -> shared, two buffers (the classic double buffer)
+//   ASYNC=1    cp.async 16-byte copies, STAGES slabs in flight (wait_group STAGES-2)
+//   SWIZZLE=0  rows padded by 8 halves (ldmatrix's 8 row addresses hit 8 bank groups)
+//   SWIZZLE=1  no padding: 16-byte chunk c of row r is stored at chunk c ^ (r % 8) (rows of
+//              >= 8 chunks) or, for 4-chunk rows, XOR over 128-byte lines
+//   CONV=1     A is gathered from an NHWC input (implicit GEMM: row m = output pixel
+//              (n, p, q), column kd = (r, s, c)); padding comes from zero-filled copies
+//   OUT_F16=1  C stored as fp16 (else fp32)
+// Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef WM
+#define WM 64
+#endif
+#ifndef WN
+#define WN 64
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+#ifndef ASYNC
+#define ASYNC 1
+#endif
+#ifndef SWIZZLE
+#define SWIZZLE 1
+#endif
+#ifndef CONV
+#define CONV 0
+#endif
+#ifndef OUT_F16
+#define OUT_F16 0
+#endif
+#ifndef BF16
+#define BF16 0
+#endif
+#ifndef GROUP_M
+#define GROUP_M 8
+#endif
+
+typedef unsigned short u16;  // fp16 / bf16 bits
+
+#define NWARPS ((BM / WM) * (BN / WN))
+#define NTHREADS (NWARPS * 32)
+#define MI (WM / 16)
+#define NI (WN / 8)
+#define KCH (BK / 8)  // 16-byte chunks per shared-memory row
+#if SWIZZLE
+#define LDS BK
+#else
+#define LDS (BK + 8)
+#endif
+#define A_STAGE (BM * LDS)  // halves
+#define B_STAGE (BN * LDS)
+#define A_CHUNKS (BM * KCH)
+#define B_CHUNKS (BN * KCH)
+#define A_PER ((A_CHUNKS + NTHREADS - 1) / NTHREADS)
+#define B_PER ((B_CHUNKS + NTHREADS - 1) / NTHREADS)
+
+static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block");
+static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "mma tiles are 16 x 8 x 16");
+static_assert(!SWIZZLE || KCH >= 4, "the swizzle needs rows of at least 64 bytes");
+static_assert(ASYNC || STAGES == 2, "register staging uses two buffers");
+
+// Offset (in halves) of 16-byte chunk c of shared-memory row r.
+__device__ __forceinline__ int smem_off(int r, int c) {
+#if SWIZZLE
+#if KCH >= 8
+    return r * BK + ((c & ~7) | ((c ^ r) & 7)) * 8;
+#else
+    int idx = r * KCH + c, line = idx >> 3;
+    return ((line << 3) | ((idx ^ line) & 7)) * 8;
+#endif
+#else
+    return r * LDS + c * 8;
+#endif
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void cp_async16(u16* dst, const void* src, bool valid) {
+    // src-size 0 writes sixteen zero bytes: out-of-range rows and the conv's padding
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const u16* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+#if BF16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#endif
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+struct Problem {   // everything the loaders need; GEMM uses M, N, Kd only
+    int M, N, Kd;
+    int H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw;
+};
+
+// Source of A's 16-byte chunk: row m, column kd (a multiple of 8). Sets `valid`.
+__device__ __forceinline__ const u16* a_src(const u16* A, const Problem& pb, int m, int kd,
+                                            bool& valid) {
+#if CONV
+    int q = m % pb.Q, t = m / pb.Q, p = t % pb.P, n = t / pb.P;
+    int rs = kd / pb.C, c = kd - rs * pb.C, r = rs / pb.S, s = rs - r * pb.S;
+    int h = p * pb.sh - pb.ph + r * pb.dh, w = q * pb.sw - pb.pw + s * pb.dw;
+    valid = m < pb.M && kd < pb.Kd && h >= 0 && h < pb.H && w >= 0 && w < pb.W;
+    return valid ? A + (((long long)n * pb.H + h) * pb.W + w) * pb.C + c : A;
+#else
+    valid = m < pb.M && kd < pb.Kd;
+    return valid ? A + (long long)m * pb.Kd + kd : A;
+#endif
+}
+
+__device__ __forceinline__ const u16* b_src(const u16* B, const Problem& pb, int n, int kd,
+                                            bool& valid) {
+    valid = n < pb.N && kd < pb.Kd;
+    return valid ? B + (long long)n * pb.Kd + kd : B;
+}
+
+extern "C" __global__ void __launch_bounds__(NTHREADS)
+mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __restrict__ Cout,
+                int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
+                int ph, int pw, int dh, int dw) {
+    const Problem pb = {M, N, Kd, H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw};
+    extern __shared__ __align__(128) u16 smem[];
+    u16* As = smem;
+    u16* Bs = smem + STAGES * A_STAGE;
+
+    // grouped rasterization: GROUP_M block rows share their B tiles in L2
+    const int nbn = gridDim.x, nbm = gridDim.y;
+    const int bid = blockIdx.y * nbn + blockIdx.x;
+    const int per_group = GROUP_M * nbn;
+    const int first_m = (bid / per_group) * GROUP_M;
+    const int gsz = min(nbm - first_m, GROUP_M);
+    const int bm = first_m + (bid % per_group) % gsz;
+    const int bn = (bid % per_group) / gsz;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+    const int KT = (pb.Kd + BK - 1) / BK;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#if ASYNC
+    auto load_slab = [&](int slot, int kt) {
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            if (A_CHUNKS % NTHREADS == 0 || i < A_CHUNKS) {
+                int r = i / KCH, c = i % KCH;
+                bool ok;
+                const u16* src = a_src(A, pb, bm * BM + r, kt * BK + c * 8, ok);
+                cp_async16(As + slot * A_STAGE + smem_off(r, c), src, ok);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            if (B_CHUNKS % NTHREADS == 0 || i < B_CHUNKS) {
+                int r = i / KCH, c = i % KCH;
+                bool ok;
+                const u16* src = b_src(B, pb, bn * BN + r, kt * BK + c * 8, ok);
+                cp_async16(Bs + slot * B_STAGE + smem_off(r, c), src, ok);
+            }
+        }
+    };
+#else
+    uint4 ra[A_PER], rb[B_PER];
+    auto fetch_slab = [&](int kt) {   // global -> registers
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            bool ok = false;
+            const u16* src = A;
+            if (A_CHUNKS % NTHREADS == 0 || i < A_CHUNKS)
+                src = a_src(A, pb, bm * BM + i / KCH, kt * BK + (i % KCH) * 8, ok);
+            ra[j] = ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            bool ok = false;
+            const u16* src = B;
+            if (B_CHUNKS % NTHREADS == 0 || i < B_CHUNKS)
+                src = b_src(B, pb, bn * BN + i / KCH, kt * BK + (i % KCH) * 8, ok);
+            rb[j] = ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto store_slab = [&](int slot) {  // registers -> shared
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            if (A_CHUNKS % NTHREADS == 0 || i < A_CHUNKS)
+                *reinterpret_cast<uint4*>(As + slot * A_STAGE + smem_off(i / KCH, i % KCH)) = ra[j];
+        }
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) {
+            int i = tid + j * NTHREADS;
+            if (B_CHUNKS % NTHREADS == 0 || i < B_CHUNKS)
+                *reinterpret_cast<uint4*>(Bs + slot * B_STAGE + smem_off(i / KCH, i % KCH)) = rb[j];
+        }
+    };
+#endif
+
+    auto compute_slab = [&](int slot) {
+        const u16* as = As + slot * A_STAGE;
+        const u16* bs = Bs + slot * B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            unsigned af[MI][4], bf[NI / 2][4];
+#pragma unroll
+            for (int i = 0; i < MI; ++i)   // rows lane % 16, k-half lane / 16
+                ldsm_x4(af[i], as + smem_off(wm * WM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j)  // two n8 tiles (b0, b1 each) per ldmatrix.x4
+                ldsm_x4(bf[j], bs + smem_off(wn * WN + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                             kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+                    mma16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+        }
+    };
+
+#if ASYNC
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_slab(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();   // slab kt landed for everyone; slot (kt-1) % STAGES is free
+        int next = kt + STAGES - 1;
+        if (next < KT) load_slab(next % STAGES, next);
+        cp_async_commit();
+        compute_slab(kt % STAGES);
+    }
+    cp_async_wait<0>();
+#else
+    fetch_slab(0);
+    store_slab(0);
+    __syncthreads();
+    for (int kt = 0; kt < KT; ++kt) {
+        if (kt + 1 < KT) fetch_slab(kt + 1);   // in flight while the tensor cores work
+        compute_slab(kt & 1);
+        if (kt + 1 < KT) store_slab((kt + 1) & 1);
+        __syncthreads();
+    }
+#endif
+
+    // epilogue: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8 and columns 2t, 2t + 1
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int row = bm * BM + wm * WM + i * 16 + g + h * 8;
+                int col = bn * BN + wn * WN + j * 8 + 2 * t;
+                if (row < pb.M && col < pb.N) {
+                    long long off = (long long)row * pb.N + col;
+                    float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+#if OUT_F16
+                    unsigned packed;   // low half v0, high half v1
+                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
+                    *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) = packed;
+#else
+                    *reinterpret_cast<float2*>(reinterpret_cast<float*>(Cout) + off) =
+                        make_float2(v0, v1);
+#endif
+                }
+            }
+}

@@ -1,0 +1,261 @@
+"""Tensor cores through ``mma.sync`` + ``ldmatrix``: an fp16/bf16 GEMM and conv (lesson 12).
+
+CUDA C (``csrc/mma_sync.cu``) through CuPy, compiled by NVRTC. WMMA (wmma01) hides the
+fragments; here each warp names its registers: ``ldmatrix.x4`` loads four 8x8 blocks
+of shared memory straight into the registers ``mma.sync.m16n8k16`` multiplies, so a
+64 x 64 warp tile costs 8 ldmatrix and 32 mma per 16-deep step. The lesson's ladder is
+the same source with one switch more each step (`LADDER`):
+
+1. ``mma.sync + ldmatrix``: global -> registers -> shared memory, two buffers, rows
+   padded by 8 halves;
+2. ``+ cp.async stages``: 16-byte asynchronous copies, STAGES slabs in flight;
+3. ``+ swizzle``: no padding, 16-byte chunks XOR-permuted per row (conflict-free
+   ldmatrix, less shared memory, so more stages fit).
+
+Both operands are K-major: the GEMM computes ``C = A @ B^T`` with a (M, K) and bt (N, K)
+(cuBLAS's "TN"; `gemm_mma` transposes a row-major b once); the convolution is an
+implicit GEMM over an NHWC input with filters as (K, R, S, C) — C % 8 == 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ._launch import Unsupported, ceil_div, launcher
+from ._nvrtc import nvrtc_ptx
+from .wmma01_gemm_cuda import _ptr, require_tensor_cores
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "mma_sync.cu"
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches."""
+
+    BM: int = 128
+    BN: int = 128
+    BK: int = 32
+    WM: int = 64
+    WN: int = 64
+    STAGES: int = 4
+    ASYNC: int = 1
+    SWIZZLE: int = 1
+    GROUP_M: int = 8
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.BM // self.WM) * (self.BN // self.WN)
+
+    def smem_bytes(self) -> int:
+        row = self.BK + (0 if self.SWIZZLE else 8)
+        return 2 * self.STAGES * (self.BM + self.BN) * row
+
+    def validate(self) -> MmaConfig:
+        if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:
+            raise ValueError(f"{self}: warps of 16-multiples must tile the block")
+        if self.BK % 16 or (self.SWIZZLE and self.BK < 32):
+            raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
+        if not self.ASYNC and self.STAGES != 2:
+            raise ValueError(f"{self}: register staging uses STAGES=2")
+        if self.smem_bytes() > 227 * 1024:
+            raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
+        return self
+
+    def defines(self, **extra) -> tuple:
+        vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
+                    STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
+                    GROUP_M=self.GROUP_M, **extra)
+        return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
+
+    def __str__(self) -> str:
+        load = f"cp.async s{self.STAGES}" if self.ASYNC else "regs s2"
+        return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
+                f"{'swizzle' if self.SWIZZLE else 'pad'}"
+                + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else ""))
+
+
+STEP1 = MmaConfig(STAGES=2, ASYNC=0, SWIZZLE=0)
+STEP2 = replace(STEP1, STAGES=4, ASYNC=1)
+STEP3 = replace(STEP2, SWIZZLE=1)
+LADDER = {"mma.sync + ldmatrix": STEP1, "+ cp.async stages": STEP2, "+ swizzle": STEP3}
+GEMM_DEFAULT = STEP3
+GEMM_CANDIDATES = (STEP3, replace(STEP3, STAGES=3), replace(STEP3, STAGES=5),
+                   replace(STEP3, BN=64, WN=32), replace(STEP3, BM=64, WM=32),
+                   replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=256),
+                   replace(STEP3, GROUP_M=16))
+CONV_CANDIDATES = (STEP3, replace(STEP3, BN=64, WN=32), replace(STEP3, BK=64, STAGES=3),
+                   replace(STEP3, BN=64, WN=32, BK=64, STAGES=3),
+                   replace(STEP3, BM=256, BN=128), replace(STEP3, BN=64, WN=32, WM=32))
+
+
+def source() -> str:
+    return SOURCE_PATH.read_text()
+
+
+_MODULES: dict = {}
+
+
+def _kernel(cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
+    """The compiled kernel for one configuration (CuPy RawModule, cached per process)."""
+    import cupy as cp
+
+    key = (cfg, conv, out_f16, bf16)
+    if key not in _MODULES:
+        opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
+        mod = cp.RawModule(code=source(), options=opts)
+        fn = mod.get_function("mma_sync_kernel")
+        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+        _MODULES[key] = fn
+    return _MODULES[key]
+
+
+def compile_ptx(cfg: MmaConfig = GEMM_DEFAULT, arch: str = "compute_80", conv: bool = False,
+                bf16: bool = False) -> str:
+    """PTX of one configuration (NVRTC, no GPU needed)."""
+    return nvrtc_ptx(source(), "mma_sync.cu", (), arch,
+                     options=cfg.validate().defines(CONV=conv, BF16=bf16))
+
+
+# Scalar arguments of the kernel after the three pointers, in order.
+_SCALARS = ("M", "N", "Kd", "H", "W", "C", "P", "Q", "S", "sh", "sw", "ph", "pw", "dh", "dw")
+
+
+def _scalars(**v) -> tuple:
+    return tuple(np.int32(v.get(k, 0)) for k in _SCALARS)
+
+
+def _kind(a) -> str:
+    s = str(a.dtype)
+    for k in ("bfloat16", "float16", "float32"):
+        if k in s:
+            return k
+    return s
+
+
+def _check(name, label, a, shape, kinds):
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name}: {label} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    if _kind(a) not in kinds:
+        raise TypeError(f"{name}: {label} must be {' or '.join(kinds)}, got {a.dtype}")
+    contiguous = getattr(a, "is_contiguous", None)
+    if contiguous is not None and not contiguous():
+        raise Unsupported(f"{name}: {label} must be contiguous")
+    flags = getattr(a, "flags", None)
+    if flags is not None and hasattr(flags, "c_contiguous") and not flags.c_contiguous:
+        raise Unsupported(f"{name}: {label} must be C-contiguous")
+
+
+def _launch(cfg, conv, a, b, out, M, N, Kd, **geom):
+    bf16 = _kind(a) == "bfloat16"
+    fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)
+    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
+    if grid[1] > 65535:
+        raise Unsupported(f"{cfg}: {grid[1]} block rows > 65535")
+    fn(grid, (cfg.threads,), (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)))
+       + _scalars(M=M, N=N, Kd=Kd, **geom),
+       shared_mem=cfg.smem_bytes())
+    return out
+
+
+@launcher
+def gemm_mma_raw(a, bt, out, cfg: MmaConfig | None = None):
+    """C = A @ B^T on tensor cores: a (M, K) and bt (N, K) fp16 or bf16, out (M, N) fp32 or
+    fp16, device arrays (CuPy or PyTorch). K % 8 == 0, N even; any M, N, K otherwise."""
+    name = "gemm_mma"
+    if a.ndim != 2 or bt.ndim != 2 or a.shape[1] != bt.shape[1]:
+        raise ValueError(f"{name}: a {tuple(a.shape)} and bt {tuple(bt.shape)} must share K")
+    M, K = a.shape
+    N = bt.shape[0]
+    halves = ("float16", "bfloat16")
+    _check(name, "a", a, (M, K), halves)
+    _check(name, "bt", bt, (N, K), (_kind(a),))
+    _check(name, "out", out, (M, N), ("float32", "float16"))
+    if K % 8 or N % 2:
+        raise Unsupported(f"{name}: K must be a multiple of 8 and N even, got K={K}, N={N}")
+    if max(M * K, N * K, M * N) >= 2**31:
+        raise Unsupported(f"{name}: matrices must have fewer than 2**31 elements")
+    require_tensor_cores()
+    return _launch((cfg or GEMM_DEFAULT).validate(), False, a, bt, out, M, N, K)
+
+
+def gemm_mma(a, b, cfg: MmaConfig | None = None):
+    """A @ B (fp32 or fp16, host or device, any shapes) on tensor cores -> fp32 CuPy array.
+
+    Inputs rounded to fp16; b transposed once to K-major; K padded to a multiple of 8."""
+    import cupy as cp
+
+    a, b = cp.asarray(a), cp.asarray(b)
+    M, K = a.shape
+    N = b.shape[1]
+    Kp, Np = ceil_div(K, 8) * 8, N + N % 2
+    ah = cp.zeros((M, Kp), cp.float16)
+    bt = cp.zeros((Np, Kp), cp.float16)
+    ah[:, :K] = a.astype(cp.float16)
+    bt[:N, :K] = b.T.astype(cp.float16)
+    out = cp.empty((M, Np), cp.float32)
+    gemm_mma_raw(ah, bt, out, cfg)
+    return out[:, :N]
+
+
+@launcher
+def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig | None = None):
+    """Implicit-GEMM conv on tensor cores, channels last: x (N, H, W, C) fp16/bf16,
+    w (K, R, S, C) same type, out (N, P, Q, K) fp32 or fp16. C % 8 == 0, K even."""
+    from ..reference import conv_params
+
+    name = "conv2d_mma_nhwc"
+    if x.ndim != 4 or w.ndim != 4:
+        raise ValueError(f"{name}: x and w must be 4-D (NHWC and KRSC)")
+    Nb, H, W, C = (int(v) for v in x.shape)
+    K, R, S, Cw = (int(v) for v in w.shape)
+    p = conv_params((Nb, C, H, W), (K, Cw, R, S), stride, padding, dilation)
+    halves = ("float16", "bfloat16")
+    _check(name, "x", x, (Nb, H, W, C), halves)
+    _check(name, "w", w, (K, R, S, C), (_kind(x),))
+    _check(name, "out", out, (Nb, p.P, p.Q, K), ("float32", "float16"))
+    if C % 8 or K % 2:
+        raise Unsupported(f"{name}: needs C % 8 == 0 and K even, got C={C}, K={K}")
+    M, Kd = Nb * p.P * p.Q, R * S * C
+    if max(M * Kd, M * K, Nb * H * W * C) >= 2**31:
+        raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
+    require_tensor_cores()
+    cfg = (cfg or choose_conv(K)).validate()
+    return _launch(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
+                   sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
+                   dh=p.dilation[0], dw=p.dilation[1])
+
+
+def choose_conv(K: int) -> MmaConfig:
+    """The conv tile for K output channels: BN = 64 when K <= 64, else the 128-wide one."""
+    return CONV_CANDIDATES[1] if K <= 64 else CONV_CANDIDATES[0]
+
+
+def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):
+    """The course's signature (NCHW fp32 x, w, out device arrays) around the NHWC kernel:
+    x rounded to fp16 and moved to NHWC, w to (K, R, S, C), out back to NCHW; those
+    conversions are part of the call (and of its time)."""
+
+    @launcher
+    def conv2d_mma(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        import cupy as cp
+
+        from ._launch import conv_launch_params
+
+        p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
+        if p.C % 8:
+            raise Unsupported(f"{name}: needs C % 8 == 0, got C={p.C}")
+        xh = cp.ascontiguousarray(cp.asarray(x).transpose(0, 2, 3, 1).astype(cp.float16))
+        wh = cp.ascontiguousarray(cp.asarray(w).transpose(0, 2, 3, 1).astype(cp.float16))
+        y = cp.empty((p.N, p.P, p.Q, p.K), cp.float32)
+        conv2d_mma_nhwc(xh, wh, y, p.stride, p.padding, p.dilation, cfg=cfg)
+        cp.asarray(out)[...] = y.transpose(0, 3, 1, 2)
+        return out
+
+    conv2d_mma.__name__ = name
+    return conv2d_mma
+
+
+conv2d_mma = make_conv_launcher()

@@ -1,0 +1,358 @@
+"""Lesson 12's tensor-core ladder, measured: mma.sync and wgmma kernels beside cuBLAS/cuDNN.
+
+1. "mma_gemm": WMMA -> mma.sync + ldmatrix -> + cp.async stages -> + swizzle -> + 128x256
+   tile (kernels/mma02), fp16 at 4096^3 and 8192^3, beside cuBLAS fp16 (same K-major
+   operands: a (M, K) @ bt (N, K)^T), each step's gain over the one before;
+2. "mma_conv": the mma.sync conv (NHWC fp16) on the three ResNet layers, batch 32, beside
+   cuDNN fp16 in NHWC and NCHW; also the NCHW fp32 call with its layout transforms;
+3. "wgmma_gemm": the Hopper kernel (kernels/wgmma03: TMA + wgmma, warp-specialized) bf16
+   and fp16 at 4096^3 and 8192^3 beside cuBLAS; the precision table fp32 / tf32 / fp16 /
+   bf16 / fp8 (cuBLAS) with the kernel each one ran;
+4. "wgmma_conv": the wgmma conv (NHWC bf16) beside cuDNN bf16.
+
+Every kernel is checked against float64 of its rounded inputs at the fp32 tolerance
+(8 * 2^-24 * sqrt(K), relative to sum |a||b|) before it is timed; a kernel that fails is a
+row with its error. The wgmma kernels first run once in a child process with a time limit
+(a wrong mbarrier phase hangs a GPU, it does not raise). Needs CuPy and a CUDA PyTorch
+(wgmma: compute capability 9.0); a dry run skips every section.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from .. import baselines, check, problems
+from .harness import Group, Skip
+from .lessons12_13 import gpu_compare, rtol_for
+
+GROUP = Group("tensor_cores")
+section = GROUP.section
+SIZES = (4096, 8192)
+
+
+def _inputs(n, torch, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    a = torch.from_numpy(check.random_array((n, n), rng)).cuda().to(dtype)
+    bt = torch.from_numpy(check.random_array((n, n), rng)).cuda().to(dtype)
+    return a, bt
+
+
+def _reference(a, bt):
+    """float64 product of the rounded inputs and its sum of |a||b| (CuPy arrays)."""
+    import cupy as cp
+
+    a64, b64 = cp.asarray(a.double()), cp.asarray(bt.double())
+    return a64 @ b64.T, cp.abs(a64) @ cp.abs(b64).T
+
+
+def _timed(ctx, run, flops, queued):
+    """GPU time of run(): back to back (long kernels), or queued behind a spin kernel so
+    that Python's launch cost does not count (conv layers of tens of microseconds; the
+    wall time per call from Python is kept beside it)."""
+    if queued:
+        tm = ctx.clock.queued(run, calls=50, repeat=7)
+        call = ctx.clock.time_gpu(run, repeat=5)
+        return dict(ms=tm.median_ms, spread=tm.spread, tflops=tm.tflops(flops),
+                    call_ms=call.median_ms, method=tm.method)
+    tm = ctx.clock.time_gpu(run, repeat=10)
+    return dict(ms=tm.median_ms, spread=tm.spread, tflops=tm.tflops(flops), method=tm.method)
+
+
+def _check_then_time(ctx, name, run, out, exp, absref, tol, flops, queued=False):
+    """Run once on a NaN-poisoned output, compare, run again (same bits), then time."""
+    import cupy as cp
+    import torch
+
+    out.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    v = gpu_compare(cp.asarray(out.float()), exp, absref, tol)
+    first = out.clone()
+    run()
+    torch.cuda.synchronize()
+    row = dict(name=name, check=v, reproducible=bool(torch.equal(first, out)))
+    if v["ok"] and row["reproducible"]:
+        row.update(_timed(ctx, run, flops, queued))
+    ctx.log(f"{name}: ok={v['ok']} max_rel={v['max_rel']:.2e} "
+            f"{row.get('tflops', 0):.1f} TFLOP/s")
+    return row
+
+
+def _try(rows, name, fn):
+    try:
+        rows.append(fn())
+    except Exception as e:  # noqa: BLE001  (a variant that fails is a row with its error)
+        rows.append(dict(name=name, error=f"{type(e).__name__}: {e}"[:400]))
+
+
+def _library_row(ctx, name, run, flops, prec, queued=False):
+    row = _timed(ctx, run, flops, queued)
+    kernels = baselines.library_kernels(run)
+    return dict(name=name, precision=prec, algorithm=baselines.algorithm_of(kernels),
+                kernels=kernels[:3], **row)
+
+
+def _pct(rows, base_name):
+    base = next((r for r in rows if r["name"] == base_name and r.get("ms")), None)
+    prev = None
+    for r in rows:
+        if base and r.get("ms"):
+            r["pct_" + base_name.replace(" ", "_")] = 100 * base["ms"] / r["ms"]
+        if r.get("step") and r.get("ms") and prev is not None:
+            r["gain_over_previous"] = prev / r["ms"]
+        if r.get("step") and r.get("ms"):
+            prev = r["ms"]
+
+
+@section("mma_gemm", lessons=("12",))
+def mma_gemm(ctx):
+    ctx.need("cupy", "torch.cuda")
+    return [_mma_gemm_size(ctx, n) for n in SIZES]
+
+
+def _mma_gemm_size(ctx, n):
+    import torch
+
+    from ..kernels import mma02_gemm_conv_cuda as MM
+    from ..kernels import wmma01_gemm_cuda as WM
+
+    a, bt = _inputs(n, torch, torch.float16)
+    exp, absref = _reference(a, bt)
+    tol, flops = rtol_for("fp32", n), 2 * n**3
+    out = torch.empty(n, n, device="cuda", dtype=torch.float32)
+    b_row = bt.T.contiguous()  # WMMA reads B row-major (K, N)
+    rows = []
+
+    def checked(name, run, **extra):
+        _try(rows, name, lambda: dict(**extra, **_check_then_time(
+            ctx, name, run, out, exp, absref, tol, flops)))
+
+    checked(f"WMMA tiled {WM.GEMM_DEFAULT}", lambda: WM.gemm_wmma_raw(a, b_row, out),
+            step=True)
+    for step, cfg in MM.LADDER.items():
+        checked(f"{step} ({cfg})", lambda cfg=cfg: MM.gemm_mma_raw(a, bt, out, cfg), step=True)
+    for cfg in MM.GEMM_CANDIDATES[1:]:
+        checked(f"mma.sync {cfg}", lambda cfg=cfg: MM.gemm_mma_raw(a, bt, out, cfg))
+    o16 = torch.empty(n, n, device="cuda", dtype=torch.float16)
+    _try(rows, "fp16 out", lambda: dict(name=f"mma.sync {MM.GEMM_DEFAULT} (fp16 out)",
+                                        **_library_free(ctx, lambda: MM.gemm_mma_raw(
+                                            a, bt, o16, MM.GEMM_DEFAULT), flops, queued=False)))
+    _try(rows, "cuBLAS fp16", lambda: _library_row(ctx, "cuBLAS fp16", lambda: a @ bt.T, flops,
+                                                   "fp16"))
+    _pct(rows, "cuBLAS fp16")
+    best = max((r for r in rows if r.get("tflops") and "cuBLAS" not in r["name"]),
+               key=lambda r: r["tflops"], default=None)
+    return dict(n=n, tol=tol, rows=rows, best=best and best["name"],
+                note="cuBLAS writes fp16, the course's kernels fp32")
+
+
+@section("mma_conv", lessons=("12",))
+def mma_conv(ctx):
+    ctx.need("cupy", "torch.cuda")
+    return [_mma_conv_layer(ctx, lname) for lname in problems.RESNET]
+
+
+def _conv_inputs(prob, torch, dtype):
+    """x, w rounded to dtype (NCHW), their NHWC / KRSC copies, and the float64 reference
+    (NHWC, CuPy) with its sum of |x||w|."""
+    import cupy as cp
+
+    F = torch.nn.functional
+    kw = prob.kwargs
+    rng = np.random.default_rng(3)
+    x = torch.from_numpy(check.random_array(prob.x_shape, rng)).cuda().to(dtype)
+    w = torch.from_numpy(check.random_array(prob.w_shape, rng)).cuda().to(dtype)
+    exp = cp.asarray(F.conv2d(x.double(), w.double(), **kw).permute(0, 2, 3, 1).contiguous())
+    absref = cp.asarray(F.conv2d(x.double().abs(), w.double().abs(), **kw)
+                        .permute(0, 2, 3, 1).contiguous())
+    return (x, w, x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous(),
+            exp, absref)
+
+
+def _cudnn_rows(ctx, rows, prob, x, w, label):
+    import torch
+
+    F = torch.nn.functional
+    kw = prob.kwargs
+    torch.backends.cudnn.benchmark = True
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    for name, xx, ww in ((f"cuDNN {label} NHWC", x_cl, w_cl), (f"cuDNN {label}", x, w)):
+        _try(rows, name, lambda name=name, xx=xx, ww=ww: _library_row(
+            ctx, name, lambda: F.conv2d(xx, ww, **kw), prob.flops, label, queued=True))
+
+
+def _mma_conv_layer(ctx, lname):
+    import torch
+
+    from ..kernels import mma02_gemm_conv_cuda as MM
+
+    prob = problems.conv_layer(lname)
+    kw = prob.kwargs
+    xh, wh, x_nhwc, w_krsc, exp, absref = _conv_inputs(prob, torch, torch.float16)
+    N, K, P, Q = prob.out_shape
+    out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
+    tol = rtol_for("fp32", prob.C * prob.R * prob.S)
+    rows = []
+    chosen = MM.choose_conv(K)
+    for cfg in [chosen] + [c for c in MM.CONV_CANDIDATES if c != chosen]:
+        _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
+            ctx, f"mma.sync conv {cfg}", lambda: MM.conv2d_mma_nhwc(
+                x_nhwc, w_krsc, out, cfg=cfg, **kw), out, exp, absref, tol, prob.flops,
+            queued=True)))
+    out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)
+    _try(rows, "fp16 out", lambda: dict(name="mma.sync conv (fp16 out)", **_library_free(
+        ctx, lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, **kw), prob.flops)))
+    import cupy as cp
+
+    x32, w32 = cp.asarray(xh.float()), cp.asarray(wh.float())
+    o_nchw = cp.empty(prob.out_shape, cp.float32)
+    _try(rows, "NCHW fp32 call", lambda: dict(
+        name="mma.sync conv, NCHW fp32 in/out (transforms counted)", **_library_free(
+            ctx, lambda: MM.conv2d_mma(x32, w32, o_nchw, **kw), prob.flops)))
+    _cudnn_rows(ctx, rows, prob, xh, wh, "fp16")
+    _pct(rows, "cuDNN fp16 NHWC")
+    _pct(rows, "cuDNN fp16")
+    return dict(layer=lname, problem=str(prob), tol=tol, rows=rows)
+
+
+def _library_free(ctx, run, flops, queued=True):
+    """Time of a call already checked elsewhere (same kernel, other output or layout)."""
+    run()
+    return _timed(ctx, run, flops, queued)
+
+
+def smoke(timeout_s: float = 120) -> dict:
+    """Run each wgmma kernel once on a small problem in a child process: a hang (wrong
+    mbarrier phase) becomes a timeout here instead of a stuck GPU."""
+    code = ("from convlab.measure.tensor_cores import _smoke_child; _smoke_child()")
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return dict(ok=False, why=f"timed out after {timeout_s} s")
+    return dict(ok=p.returncode == 0, why=(p.stdout + p.stderr)[-2000:])
+
+
+def _smoke_child():
+    from .. import runtime
+
+    runtime.setup()
+    import torch
+
+    from ..kernels import wgmma03_gemm_conv_tma as WG
+
+    a, bt = _inputs(256, torch, torch.bfloat16)
+    out = torch.empty(256, 256, device="cuda")
+    WG.gemm_wgmma_raw(a, bt, out)
+    torch.cuda.synchronize()
+    err = (out.double() - a.double() @ bt.double().T).abs().max().item()
+    print("gemm max abs err", err)
+    x = torch.randn(2, 8, 8, 64, device="cuda").bfloat16()
+    w = torch.randn(64, 3, 3, 64, device="cuda").bfloat16()
+    o = torch.empty(2, 8, 8, 64, device="cuda")
+    WG.conv2d_wgmma_nhwc(x, w, o, padding=1)
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.conv2d(x.double().permute(0, 3, 1, 2),
+                                     w.double().permute(0, 3, 1, 2), padding=1)
+    err2 = (o.double() - ref.permute(0, 2, 3, 1)).abs().max().item()
+    print("conv max abs err", err2)
+    assert err < 1e-2 and err2 < 1e-2, (err, err2)
+
+
+_SMOKE: dict = {}
+
+
+def _need_hopper(ctx):
+    ctx.need("cupy", "torch.cuda")
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise Skip("wgmma + TMA need compute capability 9.0")
+    s = _SMOKE.get("result") or _SMOKE.setdefault("result", smoke())
+    if not s["ok"]:
+        raise RuntimeError("wgmma smoke test failed: " + s["why"])
+
+
+@section("wgmma_gemm", lessons=("12",))
+def wgmma_gemm(ctx):
+    _need_hopper(ctx)
+    return [_wgmma_gemm_size(ctx, n) for n in SIZES]
+
+
+def _wgmma_gemm_size(ctx, n):
+    import torch
+
+    from ..kernels import wgmma03_gemm_conv_tma as WG
+
+    rows = []
+    flops, tol = 2 * n**3, rtol_for("fp32", n)
+    out = torch.empty(n, n, device="cuda", dtype=torch.float32)
+    for prec, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        a, bt = _inputs(n, torch, dt)
+        exp, absref = _reference(a, bt)
+        for cfg in WG.GEMM_CANDIDATES if prec == "bf16" else WG.GEMM_CANDIDATES[:1]:
+            name = f"wgmma {prec} {cfg}"
+            _try(rows, name, lambda name=name, cfg=cfg, a=a, bt=bt, exp=exp, absref=absref,
+                 prec=prec: dict(precision=prec, **_check_then_time(
+                     ctx, name, lambda: WG.gemm_wgmma_raw(a, bt, out, cfg), out, exp, absref,
+                     tol, flops)))
+        o16 = torch.empty(n, n, device="cuda", dtype=dt)
+        _try(rows, f"{prec} out", lambda a=a, bt=bt, prec=prec, o16=o16: dict(
+            name=f"wgmma {prec} {WG.GEMM_DEFAULT} ({prec} out)", **_library_free(
+                ctx, lambda: WG.gemm_wgmma_raw(a, bt, o16), flops, queued=False)))
+        _try(rows, f"cuBLAS {prec}", lambda a=a, bt=bt, prec=prec: _library_row(
+            ctx, f"cuBLAS {prec}", lambda: a @ bt.T, flops, prec))
+    a32, bt32 = _inputs(n, torch, torch.float32)
+    for prec in ("fp32", "tf32"):
+        baselines.set_torch_precision(prec)
+        _try(rows, f"cuBLAS {prec}", lambda prec=prec: _library_row(
+            ctx, f"cuBLAS {prec}", lambda: a32 @ bt32.T, flops, prec))
+    baselines.set_torch_precision("fp32")
+    if hasattr(torch, "_scaled_mm") and hasattr(torch, "float8_e4m3fn"):
+        a8, b8 = a32.to(torch.float8_e4m3fn), bt32.to(torch.float8_e4m3fn)
+        one = torch.ones((), device="cuda")
+        _try(rows, "cuBLAS fp8", lambda: _library_row(
+            ctx, "cuBLAS fp8 (e4m3, bf16 out)", lambda: torch._scaled_mm(
+                a8, b8.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), flops, "fp8"))
+    _pct(rows, "cuBLAS bf16")
+    _pct(rows, "cuBLAS fp16")
+    return dict(n=n, tol=tol, rows=rows)
+
+
+@section("wgmma_conv", lessons=("12",))
+def wgmma_conv(ctx):
+    _need_hopper(ctx)
+    return [_wgmma_conv_layer(ctx, lname) for lname in problems.RESNET]
+
+
+def _wgmma_conv_layer(ctx, lname):
+    import torch
+
+    from ..kernels import wgmma03_gemm_conv_tma as WG
+
+    prob = problems.conv_layer(lname)
+    kw = prob.kwargs
+    xb, wb, x_nhwc, w_krsc, exp, absref = _conv_inputs(prob, torch, torch.bfloat16)
+    N, K, P, Q = prob.out_shape
+    out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
+    tol = rtol_for("fp32", prob.C * prob.R * prob.S)
+    rows = []
+    chosen = WG.choose_conv(K)
+    geom = dict(padding=kw.get("padding", 0), dilation=kw.get("dilation", 1))
+    for cfg in [chosen] + [c for c in WG.CONV_CANDIDATES if c != chosen]:
+        _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
+            ctx, f"wgmma conv {cfg}", lambda: WG.conv2d_wgmma_nhwc(
+                x_nhwc, w_krsc, out, cfg=cfg, **geom), out, exp, absref, tol, prob.flops,
+            queued=True)))
+    out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.bfloat16)
+    _try(rows, "bf16 out", lambda: dict(name=f"wgmma conv {chosen} (bf16 out)", **_library_free(
+        ctx, lambda: WG.conv2d_wgmma_nhwc(x_nhwc, w_krsc, out16, cfg=chosen, **geom),
+        prob.flops)))
+    _cudnn_rows(ctx, rows, prob, xb, wb, "bf16")
+    _pct(rows, "cuDNN bf16 NHWC")
+    _pct(rows, "cuDNN bf16")
+    return dict(layer=lname, problem=str(prob), tol=tol, rows=rows)
