@@ -86,9 +86,10 @@ GEMM_CANDIDATES = (STEP3, replace(STEP3, STAGES=3), replace(STEP3, STAGES=5),
                    replace(STEP3, BN=64, WN=32), replace(STEP3, BM=64, WM=32),
                    replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=256),
                    replace(STEP3, GROUP_M=16))
-CONV_CANDIDATES = (STEP3, replace(STEP3, BN=64, WN=32), replace(STEP3, BK=64, STAGES=3),
-                   replace(STEP3, BN=64, WN=32, BK=64, STAGES=3),
-                   replace(STEP3, BM=256, BN=128), replace(STEP3, BN=64, WN=32, WM=32))
+CONV_CANDIDATES = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
+                   replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4),
+                   replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=64, WN=32, BK=64, STAGES=3),
+                   STEP3, replace(STEP3, BM=256, BN=128))
 
 
 def source() -> str:
@@ -146,6 +147,18 @@ def _check(name, label, a, shape, kinds):
     flags = getattr(a, "flags", None)
     if flags is not None and hasattr(flags, "c_contiguous") and not flags.c_contiguous:
         raise Unsupported(f"{name}: {label} must be C-contiguous")
+
+
+_SMS: dict = {}
+
+
+def _sm_count() -> int:
+    import cupy as cp
+
+    dev = cp.cuda.Device().id
+    if dev not in _SMS:
+        _SMS[dev] = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return _SMS[dev]
 
 
 def _launch(cfg, conv, a, b, out, M, N, Kd, **geom):
@@ -222,15 +235,23 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
     if max(M * Kd, M * K, Nb * H * W * C) >= 2**31:
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_tensor_cores()
-    cfg = (cfg or choose_conv(K)).validate()
+    cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
     return _launch(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
                    dh=p.dilation[0], dw=p.dilation[1])
 
 
-def choose_conv(K: int) -> MmaConfig:
-    """The conv tile for K output channels: BN = 64 when K <= 64, else the 128-wide one."""
-    return CONV_CANDIDATES[1] if K <= 64 else CONV_CANDIDATES[0]
+CONV_WIDE = replace(STEP3, BM=64, WM=32, BK=64, STAGES=3)              # 64 x 128
+CONV_NARROW = replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4)  # 64 x 64
+
+
+def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
+    """The conv tile for M output pixels x K filters: 64 x 128 when K is a multiple of 128
+    and that still gives 2.5 waves of blocks on `sms` SMs, else 64 x 64 (more blocks: the
+    late ResNet layers have few pixels)."""
+    if K % 128 == 0 and (M is None or ceil_div(M, 64) * (K // 128) >= 2.5 * sms):
+        return CONV_WIDE
+    return CONV_NARROW
 
 
 def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):

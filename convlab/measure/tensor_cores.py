@@ -197,7 +197,7 @@ def _mma_conv_layer(ctx, lname):
     out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
     tol = rtol_for("fp32", prob.C * prob.R * prob.S)
     rows = []
-    chosen = MM.choose_conv(K)
+    chosen = MM.choose_conv(K, N * P * Q)
     for cfg in [chosen] + [c for c in MM.CONV_CANDIDATES if c != chosen]:
         _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
             ctx, f"mma.sync conv {cfg}", lambda: MM.conv2d_mma_nhwc(

@@ -134,16 +134,32 @@ struct Problem {   // everything the loaders need; GEMM uses M, N, Kd only
 // Source of A's 16-byte chunk: row m, column kd (a multiple of 8). Sets `valid`.
 __device__ __forceinline__ const u16* a_src(const u16* A, const Problem& pb, int m, int kd,
                                             bool& valid) {
-#if CONV
-    int q = m % pb.Q, t = m / pb.Q, p = t % pb.P, n = t / pb.P;
-    int rs = kd / pb.C, c = kd - rs * pb.C, r = rs / pb.S, s = rs - r * pb.S;
-    int h = p * pb.sh - pb.ph + r * pb.dh, w = q * pb.sw - pb.pw + s * pb.dw;
-    valid = m < pb.M && kd < pb.Kd && h >= 0 && h < pb.H && w >= 0 && w < pb.W;
-    return valid ? A + (((long long)n * pb.H + h) * pb.W + w) * pb.C + c : A;
-#else
     valid = m < pb.M && kd < pb.Kd;
     return valid ? A + (long long)m * pb.Kd + kd : A;
-#endif
+}
+
+// Conv: what a thread keeps about one of the output pixels (rows of A) it loads, computed
+// once: the image's offset in x and the top-left input corner of the pixel's window.
+struct ConvRow { int base, h0, w0; };   // base < 0: the row is past M
+
+__device__ __forceinline__ ConvRow conv_row(const Problem& pb, int m) {
+    ConvRow cr = {-1, 0, 0};
+    if (m < pb.M) {
+        int q = m % pb.Q, t = m / pb.Q, p = t % pb.P, n = t / pb.P;
+        cr.base = n * pb.H * pb.W * pb.C;
+        cr.h0 = p * pb.sh - pb.ph;
+        cr.w0 = q * pb.sw - pb.pw;
+    }
+    return cr;
+}
+
+// Conv: source of the chunk at column kd = (r, s, c) of row `cr` (zeros: padding, tails).
+__device__ __forceinline__ const u16* conv_src(const u16* A, const Problem& pb, ConvRow cr,
+                                               int kd, bool& valid) {
+    int rs = kd / pb.C, c = kd - rs * pb.C, r = rs / pb.S, s = rs - r * pb.S;
+    int h = cr.h0 + r * pb.dh, w = cr.w0 + s * pb.dw;
+    valid = cr.base >= 0 && kd < pb.Kd && h >= 0 && h < pb.H && w >= 0 && w < pb.W;
+    return valid ? A + cr.base + (h * pb.W + w) * pb.C + c : A;
 }
 
 __device__ __forceinline__ const u16* b_src(const u16* B, const Problem& pb, int n, int kd,
@@ -182,6 +198,17 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
+#if CONV
+    ConvRow rows[A_PER];
+#pragma unroll
+    for (int j = 0; j < A_PER; ++j) rows[j] = conv_row(pb, bm * BM + (tid + j * NTHREADS) / KCH);
+    auto a_chunk = [&](int j, int kd, bool& ok) { return conv_src(A, pb, rows[j], kd, ok); };
+#else
+    auto a_chunk = [&](int j, int kd, bool& ok) {
+        return a_src(A, pb, bm * BM + (tid + j * NTHREADS) / KCH, kd, ok);
+    };
+#endif
+
 #if ASYNC
     auto load_slab = [&](int slot, int kt) {
 #pragma unroll
@@ -190,7 +217,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
             if (A_CHUNKS % NTHREADS == 0 || i < A_CHUNKS) {
                 int r = i / KCH, c = i % KCH;
                 bool ok;
-                const u16* src = a_src(A, pb, bm * BM + r, kt * BK + c * 8, ok);
+                const u16* src = a_chunk(j, kt * BK + c * 8, ok);
                 cp_async16(As + slot * A_STAGE + smem_off(r, c), src, ok);
             }
         }
@@ -214,7 +241,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
             bool ok = false;
             const u16* src = A;
             if (A_CHUNKS % NTHREADS == 0 || i < A_CHUNKS)
-                src = a_src(A, pb, bm * BM + i / KCH, kt * BK + (i % KCH) * 8, ok);
+                src = a_chunk(j, kt * BK + (i % KCH) * 8, ok);
             ra[j] = ok ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
