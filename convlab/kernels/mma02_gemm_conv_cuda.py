@@ -29,6 +29,7 @@ from ._nvrtc import nvrtc_ptx
 from .wmma01_gemm_cuda import _ptr, require_tensor_cores
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "mma_sync.cu"
+PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 
 
 @dataclass(frozen=True)
@@ -280,3 +281,12 @@ def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):
 
 
 conv2d_mma = make_conv_launcher()
+
+
+def mma_peak_kernel(chains: int = 8):
+    """The register-only mma.sync throughput kernel (csrc/mma_peak.cu): ``fn(grid, block,
+    (out, iters))``; each thread's warp issues `chains` independent mma per iteration, 4096
+    flops each."""
+    import cupy as cp
+
+    return cp.RawKernel(PEAK_PATH.read_text(), "mma_peak", options=(f"-DCHAINS={chains}",))

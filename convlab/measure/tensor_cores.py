@@ -149,6 +149,32 @@ def _mma_gemm_size(ctx, n):
                 note="cuBLAS writes fp16, the course's kernels fp32")
 
 
+@section("mma_peak", lessons=("12",))
+def mma_peak(ctx):
+    """What mma.sync can do at all on this GPU: independent mma.sync on registers only
+    (no loads), 8 warps per SM and more, against which the GEMM's rate is read."""
+    ctx.need("cupy", "cuda")
+    import cupy as cp
+
+    from ..kernels import mma02_gemm_conv_cuda as MM
+
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    out = cp.zeros(1, cp.float32)
+    rows = []
+    for chains, warps in ((4, 8), (8, 8), (8, 16), (8, 32), (16, 16)):
+        fn = MM.mma_peak_kernel(chains)
+        iters = 4096
+        flops = sms * warps * 32 // 32 * chains * iters * 4096
+
+        def run(fn=fn, warps=warps, iters=iters):
+            fn((sms,), (32 * warps,), (out, np.int32(iters)))
+        tm = ctx.clock.time_gpu(run, repeat=7)
+        rows.append(dict(chains=chains, warps_per_sm=warps, ms=tm.median_ms,
+                         tflops=tm.tflops(flops)))
+        ctx.log(f"mma.sync peak, {chains} chains, {warps} warps/SM: {rows[-1]['tflops']:.0f}")
+    return dict(rows=rows, best_tflops=max(r["tflops"] for r in rows))
+
+
 @section("mma_conv", lessons=("12",))
 def mma_conv(ctx):
     ctx.need("cupy", "torch.cuda")
