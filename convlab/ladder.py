@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench, problems
+from . import baselines, bench, problems
 from .runtime import cuda
 
 
@@ -336,14 +336,20 @@ def _gemm_reference(a, b):
 
 def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
-    checked at TF32's tolerance), where it runs."""
+    checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) where CuPy runs."""
     from functools import partial
 
     from .kernels import triton01_implicit_gemm as tri
 
+    out = {}
+    if baselines.cupy_available():
+        from .kernels import winograd01_cuda as wino
+
+        out["winograd_f2_cuda"] = wino.conv2d_winograd_f2_cuda
+        out["winograd_f4_cuda"] = wino.conv2d_winograd_f4_cuda
     if not tri.available():
-        return {}
-    out = {"triton": tri.conv2d_triton}
+        return out
+    out["triton"] = tri.conv2d_triton
     if tf32:
         out["triton tf32"] = partial(tri.conv2d_triton, precision="tf32")
     return out

@@ -39,6 +39,8 @@ from . import reference as ref
 
 INF = "inf"
 POINTS_F23 = (0, 1, -1, INF)
+# the finite interpolation points of F(m, 3) used throughout (with infinity)
+POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}
 
 
 def _eval_row(a, k: int) -> list:
@@ -175,7 +177,7 @@ def conv2d_winograd(x, w, padding: int = 0, m: int = 2, points=None, xp=np, mats
                          f"{tuple(w.shape)}")
     if mats is None:
         if points is None:
-            points = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2), 6: (0, 1, -1, 2, -2, 0.5, -0.5)}[m]
+            points = POINTS[m]
         pts = [Fraction(p).limit_denominator(64) for p in points]
         mats = winograd_matrices(m, 3, pts)
     AT, G, BT = (xp.asarray(a) for a in as_float(mats, x.dtype))

@@ -26,7 +26,7 @@ import numpy as np
 
 from ._launch import Unsupported, ceil_div, launcher
 from ._nvrtc import nvrtc_ptx
-from .wmma01_gemm_cuda import _ptr, require_tensor_cores
+from .wmma01_gemm_cuda import _ptr
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "mma_sync.cu"
 PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
@@ -95,6 +95,18 @@ CONV_CANDIDATES = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
 
 def source() -> str:
     return SOURCE_PATH.read_text()
+
+
+def require_sm80():
+    """Raise Unsupported below compute capability 8.0: mma.sync.m16n8k16, ldmatrix and
+    cp.async are Ampere instructions (a T4 or V100 runs the WMMA kernels instead)."""
+    import cupy as cp
+
+    cc = cp.cuda.Device().compute_capability
+    if int(cc) < 80:
+        raise Unsupported(f"mma.sync.m16n8k16 and cp.async need compute capability 8.0 or "
+                          f"higher; this GPU has {cc[:-1]}.{cc[-1]} (use wmma01 there)")
+    return int(cc)
 
 
 _MODULES: dict = {}
@@ -191,7 +203,7 @@ def gemm_mma_raw(a, bt, out, cfg: MmaConfig | None = None):
         raise Unsupported(f"{name}: K must be a multiple of 8 and N even, got K={K}, N={N}")
     if max(M * K, N * K, M * N) >= 2**31:
         raise Unsupported(f"{name}: matrices must have fewer than 2**31 elements")
-    require_tensor_cores()
+    require_sm80()
     return _launch((cfg or GEMM_DEFAULT).validate(), False, a, bt, out, M, N, K)
 
 
@@ -235,7 +247,7 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
     M, Kd = Nb * p.P * p.Q, R * S * C
     if max(M * Kd, M * K, Nb * H * W * C) >= 2**31:
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
-    require_tensor_cores()
+    require_sm80()
     cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
     return _launch(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],

@@ -1,0 +1,104 @@
+"""Winograd F(m x m, 3 x 3) on the GPU, m = 2 or 4: a 3x3 stride-1 convolution with
+(m + 2)^2 multiplications per m x m output tile instead of 9 m^2 (lesson 11, after the
+NumPy derivation in `convlab.winograd`, whose exact matrices the kernels are built from).
+
+Three CUDA C kernels (``csrc/winograd.cu``, CuPy) around a batched GEMM: the filters and
+the input tiles go to the Winograd domain (U: a^2 x K x C, V: a^2 x C x T with a = m + 2,
+T the number of output tiles), a^2 GEMMs ``M[xi] = U[xi] @ V[xi]`` do the multiplications
+— CuPy's strided-batched cuBLAS SGEMM, fp32, TF32 off — and the output transform turns M
+back into m x m tiles. V and M go through memory between the steps (a fused kernel keeps
+them on chip); their bytes are part of the time. F(4x4) does 2.25 multiplications per
+output instead of F(2x2)'s 4, and rounds more (its matrices hold 4, 5, 8, 1/24).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from .. import winograd
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "winograd.cu"
+_MODULES: dict = {}
+_WORK: dict = {}
+
+
+def _literal(M) -> str:
+    return "{" + ", ".join("{" + ", ".join(f"{float(v)!r}f" for v in row) + "}"
+                           for row in M) + "}"
+
+
+def header(m: int) -> str:
+    """The matrices of F(m, 3) as device constants, for the kernel source."""
+    mats = winograd.winograd_matrices(m, 3, winograd.POINTS[m])
+    a = m + 2
+    return (f"#define WINO_M {m}\n"
+            f"__device__ const float BT[{a}][{a}] = {_literal(mats['BT'])};\n"
+            f"__device__ const float G[{a}][3] = {_literal(mats['G'])};\n"
+            f"__device__ const float AT[{m}][{a}] = {_literal(mats['AT'])};\n")
+
+
+def source(m: int = 2) -> str:
+    return header(m) + SOURCE_PATH.read_text()
+
+
+def _kernels(m: int):
+    import cupy as cp
+
+    if m not in _MODULES:
+        mod = cp.RawModule(code=source(m), options=("-std=c++17",))
+        _MODULES[m] = tuple(mod.get_function(k) for k in ("wino_filter", "wino_input",
+                                                           "wino_output"))
+    return _MODULES[m]
+
+
+def _workspace(*shapes):
+    """U, V, M buffers, kept per shape (a few MB to a few hundred at batch 128)."""
+    import cupy as cp
+
+    if shapes not in _WORK:
+        if len(_WORK) > 8:
+            _WORK.clear()
+        _WORK[shapes] = tuple(cp.empty(s, cp.float32) for s in shapes)
+    return _WORK[shapes]
+
+
+@launcher
+def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m: int = 2):
+    """F(m x m, 3x3): x (N, C, H, W), w (K, C, 3, 3), out (N, K, P, Q) fp32 device arrays;
+    stride 1, dilation 1, equal padding on both axes; m = 2 or 4."""
+    import cupy as cp
+
+    name = f"conv2d_winograd_f{m}_cuda"
+    if m not in (2, 4):
+        raise ValueError(f"{name}: m must be 2 or 4, got {m}")
+    p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups,
+                           supports=("padding",))
+    if (p.R, p.S) != (3, 3) or p.padding[0] != p.padding[1]:
+        raise Unsupported(f"{name}: needs a 3x3 filter and equal padding, got {p.R}x{p.S} "
+                          f"padding {p.padding}")
+    if max(p.C, p.K) > 65535:
+        raise Unsupported(f"{name}: C, K must be at most 65535")
+    a2 = (m + 2) ** 2
+    TY, TX = ceil_div(p.P, m), ceil_div(p.Q, m)
+    T = p.N * TY * TX
+    if a2 * max(p.C, p.K) * T >= 2**31:
+        raise Unsupported(f"{name}: the Winograd-domain arrays need 64-bit sizes")
+    xa, wa, ya = cp.asarray(x), cp.asarray(w), cp.asarray(out)
+    U, V, M = _workspace((a2, p.K, p.C), (a2, p.C, T), (a2, p.K, T))
+    kf, ki, ko = _kernels(m)
+    i32 = np.int32
+    kf((ceil_div(p.K * p.C, 256),), (256,), (wa, U, i32(p.K), i32(p.C)))
+    ki((ceil_div(T, 128), p.C), (128,), (xa, V, i32(p.C), i32(p.H), i32(p.W), i32(TY), i32(TX),
+                                         i32(T), i32(p.padding[0])))
+    cp.matmul(U, V, out=M)
+    ko((ceil_div(T, 128), p.K), (128,), (M, ya, i32(p.K), i32(p.P), i32(p.Q), i32(TY),
+                                         i32(TX), i32(T)))
+    return out
+
+
+conv2d_winograd_f2_cuda = launcher(partial(conv2d_winograd_cuda, m=2))
+conv2d_winograd_f4_cuda = launcher(partial(conv2d_winograd_cuda, m=4))
