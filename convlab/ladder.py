@@ -336,7 +336,8 @@ def _gemm_reference(a, b):
 
 def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
-    checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) where CuPy runs."""
+    checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) and F(4x4, 3x3) where
+    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison)."""
     from functools import partial
 
     from .kernels import triton01_implicit_gemm as tri
@@ -347,6 +348,7 @@ def beside_kernels(tf32: bool = False) -> dict:
 
         out["winograd_f2_cuda"] = wino.conv2d_winograd_f2_cuda
         out["winograd_f4_cuda"] = wino.conv2d_winograd_f4_cuda
+        out["winograd_f4_cublas"] = wino.conv2d_winograd_f4_cublas
     if not tri.available():
         return out
     out["triton"] = tri.conv2d_triton
@@ -432,13 +434,15 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
 
 
 def sweep_summary(sweep: dict, numba=("implicit_gemm", "implicit_gemm_tuned")) -> dict:
-    """Per batch and kind of layer (stem, 3x3, 1x1): the best course kernel's and the best
-    pure-Numba kernel's % of cuDNN fp32, as minimum and geometric mean over the layers."""
+    """Per batch and kind of layer (stem, 3x3, 1x1): the best course kernel's (not Triton,
+    not a row whose name ends in "_cublas") and the best pure-Numba kernel's % of cuDNN
+    fp32, as minimum and geometric mean over the layers."""
     groups: dict = {}
     for row in sweep["rows"]:
         kind = row["layer"].split()[0] if row["layer"][:3] in ("3x3", "1x1") else "stem"
         pct = {k: v for k, v in row["pct_cudnn"].items() if k != "cuDNN fp32" and v}
-        best = max((v for k, v in pct.items() if k != "triton"), default=None)
+        best = max((v for k, v in pct.items() if k != "triton" and not k.endswith("_cublas")),
+                   default=None)  # Triton's and the cuBLAS-inside rows are not the course's
         best_numba = max((v for k, v in pct.items() if k in numba), default=None)
         for key in (f"batch {row['batch']} {kind}", f"batch {row['batch']} all"):
             g = groups.setdefault(key, dict(best=[], best_numba=[], triton=[]))

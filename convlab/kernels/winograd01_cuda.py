@@ -5,10 +5,12 @@ NumPy derivation in `convlab.winograd`, whose exact matrices the kernels are bui
 Three CUDA C kernels (``csrc/winograd.cu``, CuPy) around a batched GEMM: the filters and
 the input tiles go to the Winograd domain (U: a^2 x K x C, V: a^2 x C x T with a = m + 2,
 T the number of output tiles), a^2 GEMMs ``M[xi] = U[xi] @ V[xi]`` do the multiplications
-— CuPy's strided-batched cuBLAS SGEMM, fp32, TF32 off — and the output transform turns M
-back into m x m tiles. V and M go through memory between the steps (a fused kernel keeps
-them on chip); their bytes are part of the time. F(4x4) does 2.25 multiplications per
-output instead of F(2x2)'s 4, and rounds more (its matrices hold 4, 5, 8, 1/24).
+— the course's batched register-blocked SGEMM (``csrc/sgemm_batched.cu``), or with
+``gemm="cublas"`` CuPy's strided-batched cuBLAS SGEMM (fp32, TF32 off) — and the output
+transform turns M back into m x m tiles. V and M go through memory between the steps (a
+fused kernel keeps them on chip); their bytes are part of the time. F(4x4) does 2.25
+multiplications per output instead of F(2x2)'s 4, and rounds more (its matrices hold 4,
+5, 8, 1/24).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .. import winograd
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "winograd.cu"
+GEMM_PATH = Path(__file__).parent / "csrc" / "sgemm_batched.cu"
 _MODULES: dict = {}
 _WORK: dict = {}
 
@@ -55,6 +58,31 @@ def _kernels(m: int):
     return _MODULES[m]
 
 
+def _gemm_kernel(bm: int):
+    import cupy as cp
+
+    key = ("gemm", bm)
+    if key not in _MODULES:
+        _MODULES[key] = cp.RawKernel(GEMM_PATH.read_text(), "sgemm_batched",
+                                     options=("-std=c++17", f"-DBM={bm}"))
+    return _MODULES[key]
+
+
+def sgemm_batched(a, b, out):
+    """out[i] = a[i] @ b[i] for fp32 CuPy arrays a (B, M, K), b (B, K, N), out (B, M, N),
+    C-contiguous; K % 4 == 0. The block is 64 x 128 when M <= 64, else 128 x 64."""
+    Bt, M, K = a.shape
+    N = b.shape[2]
+    if b.shape[:2] != (Bt, K) or out.shape != (Bt, M, N) or K % 4:
+        raise Unsupported(f"sgemm_batched: shapes {a.shape} @ {b.shape} -> {out.shape} "
+                          "(K % 4 == 0 needed)")
+    bm = 64 if M <= 64 else 128
+    bn = 8192 // bm
+    _gemm_kernel(bm)((ceil_div(N, bn), ceil_div(M, bm), Bt), (128,),
+                     (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
+    return out
+
+
 def _workspace(*shapes):
     """U, V, M buffers, kept per shape (a few MB to a few hundred at batch 128)."""
     import cupy as cp
@@ -67,9 +95,11 @@ def _workspace(*shapes):
 
 
 @launcher
-def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m: int = 2):
+def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m: int = 2,
+                         gemm: str = "course"):
     """F(m x m, 3x3): x (N, C, H, W), w (K, C, 3, 3), out (N, K, P, Q) fp32 device arrays;
-    stride 1, dilation 1, equal padding on both axes; m = 2 or 4."""
+    stride 1, dilation 1, equal padding on both axes; m = 2 or 4; gemm "course" or
+    "cublas" (the batched GEMM in the middle)."""
     import cupy as cp
 
     name = f"conv2d_winograd_f{m}_cuda"
@@ -82,6 +112,10 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
                           f"padding {p.padding}")
     if max(p.C, p.K) > 65535:
         raise Unsupported(f"{name}: C, K must be at most 65535")
+    if gemm not in ("course", "cublas"):
+        raise ValueError(f"{name}: gemm must be 'course' or 'cublas', got {gemm!r}")
+    if gemm == "course" and p.C % 4:
+        raise Unsupported(f"{name}: the course GEMM needs C % 4 == 0, got C={p.C}")
     a2 = (m + 2) ** 2
     TY, TX = ceil_div(p.P, m), ceil_div(p.Q, m)
     T = p.N * TY * TX
@@ -94,7 +128,10 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
     kf((ceil_div(p.K * p.C, 256),), (256,), (wa, U, i32(p.K), i32(p.C)))
     ki((ceil_div(T, 128), p.C), (128,), (xa, V, i32(p.C), i32(p.H), i32(p.W), i32(TY), i32(TX),
                                          i32(T), i32(p.padding[0])))
-    cp.matmul(U, V, out=M)
+    if gemm == "cublas":
+        cp.matmul(U, V, out=M)
+    else:
+        sgemm_batched(U, V, M)
     ko((ceil_div(T, 128), p.K), (128,), (M, ya, i32(p.K), i32(p.P), i32(p.Q), i32(TY),
                                          i32(TX), i32(T)))
     return out
@@ -102,3 +139,4 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
 
 conv2d_winograd_f2_cuda = launcher(partial(conv2d_winograd_cuda, m=2))
 conv2d_winograd_f4_cuda = launcher(partial(conv2d_winograd_cuda, m=4))
+conv2d_winograd_f4_cublas = launcher(partial(conv2d_winograd_cuda, m=4, gemm="cublas"))
