@@ -100,8 +100,6 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
     """F(m x m, 3x3): x (N, C, H, W), w (K, C, 3, 3), out (N, K, P, Q) fp32 device arrays;
     stride 1, dilation 1, equal padding on both axes; m = 2 or 4; gemm "course" or
     "cublas" (the batched GEMM in the middle)."""
-    import cupy as cp
-
     name = f"conv2d_winograd_f{m}_cuda"
     if m not in (2, 4):
         raise ValueError(f"{name}: m must be 2 or 4, got {m}")
@@ -121,6 +119,8 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
     T = p.N * TY * TX
     if a2 * max(p.C, p.K) * T >= 2**31:
         raise Unsupported(f"{name}: the Winograd-domain arrays need 64-bit sizes")
+    import cupy as cp
+
     xa, wa, ya = cp.asarray(x), cp.asarray(w), cp.asarray(out)
     U, V, M = _workspace((a2, p.K, p.C), (a2, p.C, T), (a2, p.K, T))
     kf, ki, ko = _kernels(m)
