@@ -1,0 +1,304 @@
+"""The mma.sync kernel (convlab/kernels/csrc/mma_sync.cu) checked without a GPU.
+
+- Its CUDA C runs on the CPU through tools/mma_emulate.py (ldmatrix.x4, mma.sync.m16n8k16
+  and cp.async modelled as the PTX ISA defines them, every CUDA thread a fiber) on tiny
+  odd shapes, GEMM and conv, directly and through the launchers, compared with float64
+  NumPy; shared-memory addresses are checked for bounds, alignment and ldmatrix bank
+  conflicts, operand reads for bounds, the output for writes past its end.
+- Planted bugs in its index logic (fragment order, swizzle, conv gather, masks, waits,
+  rasterization) make those checks fail.
+- Every ladder step (sm_80 and sm_90) and every candidate (sm_90) compiles with NVRTC to
+  PTX holding the instructions the lesson names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convlab.kernels import mma02_gemm_conv_cuda as M2
+
+from ._nvrtc import nvrtc_available
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ (C++20) not installed")
+needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
+
+
+def _emulator_module():
+    spec = importlib.util.spec_from_file_location("mma_emulate", ROOT / "tools" / "mma_emulate.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mma_emulate"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+E = _emulator_module()
+Spec = E.Spec
+Cfg = M2.MmaConfig
+
+# tiny tiles with the same switches as the ladder: 4 warps of 16 x 16 (or 2 of 32 x 32)
+REGS_PAD = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0)
+ASYNC_PAD = Cfg(32, 32, 32, 16, 16, STAGES=3, ASYNC=1, SWIZZLE=0)
+SWZ4 = Cfg(32, 32, 32, 16, 16, STAGES=4, ASYNC=1, SWIZZLE=1)        # 4-chunk rows: line XOR
+SWZ8 = Cfg(32, 32, 64, 16, 16, STAGES=3, ASYNC=1, SWIZZLE=1, GROUP_M=2)  # 8-chunk rows
+WIDE = Cfg(32, 64, 32, 32, 32, STAGES=3, ASYNC=1, SWIZZLE=1)        # MI = 2, NI = 4
+
+GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
+CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
+    ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
+    ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
+    ((1, 8, 7, 6), (10, 8, 3, 2), (1, 2), (1, 0), (2, 1)),
+]
+
+
+def _unique(cfgs):
+    return list(dict.fromkeys(c.validate() for c in cfgs))
+
+
+GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
+              + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
+              + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)])
+CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8)]
+              + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])])  # the launcher's
+
+
+REAL = GEMM_SPECS + CONV_SPECS
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    """One library: the REAL specs from the kernel's source, then one per planted bug."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ (C++20) not installed")
+    src = M2.source()
+    planted = [(spec, src.replace(old, new)) for old, new, spec, _ in MUTANTS.values()]
+    return E.Emulator(REAL + [p[0] for p in planted], workdir=tmp_path_factory.mktemp("mma"),
+                      sources=[src] * len(REAL) + [p[1] for p in planted])
+
+
+def _verdict(em, err, spec) -> str:
+    """'' when the run was right: error within tolerance, no fault, no bank conflict."""
+    bad = []
+    if not err < E.tolerance(spec):
+        bad.append(f"max rel err {err:.1e}")
+    if em.errors:
+        bad.append(f"{em.errors} faults")
+    if em.conflicts:
+        bad.append(f"{em.conflicts} ldmatrix bank conflicts")
+    return ", ".join(bad)
+
+
+@needs_gxx
+def test_gemm_emulated_matches_float64(emu):
+    """Every ladder step at its own tiles and the tiny variants (padded / 4-chunk / 8-chunk
+    swizzle, register staging, fp16 output, bf16 inputs), copies landing early or late."""
+    rng = np.random.default_rng(11)
+    bad = []
+    for i, s in enumerate(REAL):
+        if s.conv:
+            continue
+        for late in (False, True):
+            err = E.gemm_case(emu, i, *GEMM_SHAPE, rng, late)
+            if v := _verdict(emu, err, s):
+                bad.append(f"{s.cfg} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
+    assert not bad, "\n".join(bad)
+
+
+@needs_gxx
+def test_conv_emulated_matches_float64(emu):
+    """The implicit-GEMM gather (padding, stride, dilation, the K tail, partial tiles) on
+    odd sizes, against float64 NCHW convolution."""
+    rng = np.random.default_rng(12)
+    bad = []
+    for i, s in enumerate(REAL):
+        if not s.conv:
+            continue
+        for case in CONV_CASES:
+            err = E.conv_case(emu, i, *case, rng, late=True)
+            if v := _verdict(emu, err, s):
+                bad.append(f"{s.cfg} {case}: {v}")
+    assert not bad, "\n".join(bad)
+
+
+def _guarded(shape, N):
+    """A NaN output array followed by NaN words enough for a whole unmasked block tile."""
+    n = int(np.prod(shape))
+    buf = np.full(n + SWZ4.BM * N + SWZ4.BN, np.nan, np.float32)
+    return buf, buf[:n].reshape(shape)
+
+
+@needs_gxx
+def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
+    """gemm_mma_raw and conv2d_mma_nhwc end to end (their grid, shared memory, argument
+    order and conv geometry) with the kernel emulated and host arrays as device arrays."""
+    assert M2._SCALARS == E.kernel_scalars(M2.source())
+    operands = []
+
+    def kernel(cfg, conv, out_f16, bf16):
+        i = emu.specs.index(Spec(cfg, conv=conv, out_f16=out_f16, bf16=bf16))
+        return lambda grid, block, args, shared_mem: emu.launch(i, grid, block, args,
+                                                                shared_mem, operands)
+
+    monkeypatch.setattr(M2, "_kernel", kernel)
+    for name in dir(M2):   # the GPU checks (require_sm80, ...)
+        if name.startswith("require_"):
+            monkeypatch.setattr(M2, name, lambda: 90)
+    monkeypatch.setattr(M2, "_ptr", lambda a: a.ctypes.data)
+    rng = np.random.default_rng(14)
+    M, N, K = GEMM_SHAPE
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    bt = rng.standard_normal((N, K)).astype(np.float16)
+    buf, out = _guarded((M, N), N)
+    operands[:] = [a, bt]
+    M2.gemm_mma_raw(a, bt, out, cfg=SWZ4)
+    A, B = a.astype(np.float64), bt.astype(np.float64)
+    assert emu.errors == 0 and np.isnan(buf[out.size:]).all()
+    assert E.rel_err(out, A @ B.T, np.abs(A) @ np.abs(B).T) < 1e-5
+
+    from convlab import reference as ref
+
+    x = rng.standard_normal((2, 7, 6, 16)).astype(np.float16)
+    w = rng.standard_normal((10, 3, 2, 16)).astype(np.float16)
+    buf, y = _guarded((2, 4, 4, 10), 10)
+    operands[:] = [x, w]
+    M2.conv2d_mma_nhwc(x, w, y, stride=(2, 1), padding=(1, 0), dilation=(1, 2), cfg=SWZ4)
+    X, W = (v.astype(np.float64).transpose(0, 3, 1, 2) for v in (x, w))
+    kw = dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2))
+    exp, absr = ref.conv2d(X, W, **kw), ref.conv2d(np.abs(X), np.abs(W), **kw)
+    assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
+    assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
+
+
+@needs_gxx
+def test_swizzle_maps_each_stage_one_to_one(emu):
+    """smem_off: every (row, 16-byte chunk) of a stage gets its own 16-byte slot inside it."""
+    for i, s in enumerate(REAL):
+        c = s.cfg
+        rows, kch = max(c.BM, c.BN), c.BK // 8
+        lds = c.BK + (0 if c.SWIZZLE else 8)
+        offs = [emu.smem_off(i, r, k) for r in range(rows) for k in range(kch)]
+        assert all(o % 8 == 0 and 0 <= o <= rows * lds - 8 for o in offs), c
+        assert len(set(offs)) == len(offs), c
+
+
+def test_rasterization_covers_every_tile_once():
+    f = E.rasterization(M2.source())
+    for gx, gy, g in itertools.product((1, 2, 5, 9), (1, 2, 3, 7, 8, 21), (1, 2, 3, 8, 16)):
+        tiles = E.tiles_covered(f, gx, gy, g)
+        assert sorted(tiles) == [(m, n) for m in range(gy) for n in range(gx)], (gx, gy, g)
+    # grouped: the first GROUP_M block rows come first, column by column
+    assert E.tiles_covered(f, 3, 5, 2)[:4] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    bad = E.rasterization(M2.source().replace("min(nbm - first_m, GROUP_M)", "GROUP_M"))
+    assert sorted(E.tiles_covered(bad, 3, 5, 2)) != [(m, n) for m in range(5) for n in range(3)]
+
+
+# one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
+CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)
+MUTANTS = {
+    "b0 and b1 swapped": ("bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]",
+                          "bf[j / 2][(j & 1) * 2 + 1], bf[j / 2][(j & 1) * 2]", Spec(SWZ4), None),
+    "A ldmatrix k-half from lane bit 3": ("kk * 2 + (lane >> 4))",
+                                          "kk * 2 + ((lane >> 3) & 1))", Spec(SWZ4), None),
+    "B ldmatrix matrices 2, 3 not 8 rows on": (" + ((lane >> 4) << 3)", "", Spec(WIDE), None),
+    "swizzle XOR with r / 2": ("((c ^ r) & 7)", "((c ^ (r >> 1)) & 7)", Spec(SWZ8), None),
+    "line swizzle without XOR": ("((idx ^ line) & 7)", "(idx & 7)", Spec(SWZ4), None),
+    "rows not padded": ("#define LDS (BK + 8)", "#define LDS BK", Spec(ASYNC_PAD), None),
+    "conv padding check dropped": ("h >= 0 && ", "", CONV4, 0),
+    "conv dilation ignored": ("r * pb.dh", "r", CONV4, 1),
+    "conv stride ignored": ("p * pb.sh", "p", CONV4, 0),
+    "K tail of B not masked": ("valid = n < pb.N && kd < pb.Kd;", "valid = n < pb.N;",
+                               Spec(SWZ4), None),
+    "epilogue column mask dropped": ("row < pb.M && col < pb.N", "row < pb.M", Spec(SWZ4), None),
+    "c0, c1 swapped in the epilogue": ("v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1]",
+                                       "v0 = acc[i][j][2 * h + 1], v1 = acc[i][j][2 * h]",
+                                       Spec(SWZ4), None),
+    "fp16 halves packed the wrong way": ('"f"(v1), "f"(v0)', '"f"(v0), "f"(v1)', F16OUT, None),
+    "one cp.async group too few waited for": ("cp_async_wait<STAGES - 2>();",
+                                              "cp_async_wait<STAGES - 1>();", Spec(ASYNC_PAD),
+                                              None),
+    "group size not clipped": ("min(nbm - first_m, GROUP_M)", "GROUP_M", Spec(SWZ8), None),
+    "no barrier between the wait and the reads": ("__syncthreads();   // slab kt landed",
+                                                  "/* */   // slab kt landed", Spec(ASYNC_PAD),
+                                                  None),
+    "register staging: no barrier before the next store": (
+        "store_slab((kt + 1) & 1);\n        __syncthreads();", "store_slab((kt + 1) & 1);\n",
+        Spec(REGS_PAD), None),
+    "a barrier only one warp reaches": (
+        "store_slab((kt + 1) & 1);\n        __syncthreads();",
+        "store_slab((kt + 1) & 1);\n        if (tid < 32) __syncthreads();", Spec(REGS_PAD), None),
+}
+
+
+@needs_gxx
+def test_emulator_catches_planted_bugs(emu):
+    """Each one-line bug makes the emulated kernel wrong, faulting or bank-conflicted."""
+    src = M2.source()
+    rng = np.random.default_rng(13)
+    missed = []
+    for k, (name, (old, _, spec, case)) in enumerate(MUTANTS.items()):
+        assert src.count(old) == 1, f"{name}: {old!r} is not in the source once"
+        assert spec.conv == (case is not None), name
+        i = len(REAL) + k
+        if case is None:
+            err = E.gemm_case(emu, i, *GEMM_SHAPE, rng, late=True)
+        else:
+            err = E.conv_case(emu, i, *CONV_CASES[case], rng, late=True)
+        if not _verdict(emu, err, spec):
+            missed.append(name)
+    assert not missed, f"planted bugs not caught: {missed}"
+
+
+def test_emulator_refuses_ptx_it_does_not_model():
+    """The models stand for exact instructions: a changed one must be noticed, not run."""
+    src = M2.source()
+    for old, new, who in [('"r"(valid ? 16 : 0)', '"r"(16)', "cp_async16"),
+                          ("m8n8.x4.shared.b16", "m8n8.x4.trans.shared.b16", "ldsm_x4"),
+                          ('"r"(b0), "r"(b1)', '"r"(b1), "r"(b0)', "mma16816")]:
+        assert src.count(old) == 1, old
+        with pytest.raises(ValueError, match=who):
+            E.emulated_source(src.replace(old, new))
+    extra = src.replace("const int g = lane >> 2",
+                        'asm volatile("bar.sync 0;");\n    const int g = lane >> 2')
+    with pytest.raises(ValueError, match="inline assembly it does not model"):
+        E.emulated_source(extra)
+
+
+# ---------------------------------------------------------------------------------------
+# PTX (NVRTC, no GPU)
+
+KEY = ("ldmatrix.sync.aligned.m8n8.x4.shared.b16", "mma.sync.aligned.m16n8k16.row.col.f32")
+
+
+def _check_ptx(ptx: str, cfg, bf16=False):
+    assert ptx.count(".entry mma_sync_kernel") == 1, cfg
+    for instr in KEY + (f".{'bf16' if bf16 else 'f16'}.{'bf16' if bf16 else 'f16'}.f32",):
+        assert instr in ptx, (cfg, instr)
+    if cfg.ASYNC:
+        for instr in ("cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group"):
+            assert instr in ptx, (cfg, instr)
+    else:
+        assert "cp.async" not in ptx, cfg
+
+
+@needs_nvrtc
+def test_every_ladder_step_and_candidate_compiles_to_ptx():
+    """The ladder's GEMM for sm_80 and sm_90, its conv for sm_80; every H200 candidate
+    (GEMM and conv) and the bf16 default for sm_90."""
+    ladder = _unique(M2.LADDER.values())
+    for cfg in ladder:
+        for arch in ("compute_80", "compute_90"):
+            _check_ptx(M2.compile_ptx(cfg, arch), cfg)
+        _check_ptx(M2.compile_ptx(cfg, "compute_80", conv=True), cfg)
+    for cfg in _unique(M2.GEMM_CANDIDATES):
+        if cfg not in ladder:
+            _check_ptx(M2.compile_ptx(cfg, "compute_90"), cfg)
+    for cfg in _unique(M2.CONV_CANDIDATES):
+        _check_ptx(M2.compile_ptx(cfg, "compute_90", conv=True), cfg)
+    _check_ptx(M2.compile_ptx(M2.GEMM_DEFAULT, "compute_90", bf16=True), M2.GEMM_DEFAULT, True)
