@@ -26,6 +26,7 @@ from convlab import check, winograd
 from convlab import reference as ref
 from convlab.kernels import Unsupported
 from convlab.kernels import winograd01_cuda as WC
+from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
 
 from ._nvrtc import nvrtc_available
 
@@ -59,7 +60,7 @@ def test_ptx_folds_the_matrices(m):
         assert f".entry {k}" in ptx
     loads = [line for line in ptx.splitlines() if line.strip().startswith("ld.global")]
     assert loads and not any(s in line for line in loads for s in ("BT", "AT", "G+", "[G]"))
-    gemm = nvrtc_ptx(WC.GEMM_PATH.read_text(), "sgemm_batched.cu", (), "compute_80",
+    gemm = nvrtc_ptx(GEMM_PATH.read_text(), "sgemm_batched.cu", (), "compute_80",
                      options=("-DBM=64",))
     assert ".entry sgemm_batched" in gemm and "fma.rn.f32" in gemm
 
@@ -101,7 +102,7 @@ def emulated():
         pytest.skip("g++ not installed")
     libs = {}
     for m, bm in ((2, 128), (4, 64)):
-        gemm = f"#define BM {bm}\n" + WC.GEMM_PATH.read_text()
+        gemm = f"#define BM {bm}\n" + GEMM_PATH.read_text()
         src = "\n".join([_prelude(), WC.source(m), gemm, 'extern "C" {',
                          "void run_filter(unsigned g, const float* w, float* U, int K, int C) {"
                          " run_grid(g, 1, 1, 256, [=] { wino_filter(w, U, K, C); }); }",
@@ -112,8 +113,9 @@ def emulated():
                          " int K, int P, int Q, int TY, int TX, int T) { run_grid(gx, gy, 1, 128,"
                          " [=] { wino_output(M, y, K, P, Q, TY, TX, T); }); }",
                          "void run_gemm(unsigned gx, unsigned gy, unsigned gz, const float* A,"
-                         " const float* B, float* C, int M, int N, int K) { run_grid(gx, gy, gz,"
-                         " 128, [=] { sgemm_batched(A, B, C, M, N, K); }); }", "}"])
+                         " const float* B, float* C, int M, int N, int K, long long sa) {"
+                         " run_grid(gx, gy, gz, 128, [=] { sgemm_batched(A, B, C, M, N, K, sa,"
+                         " (long long)K * N, (long long)M * N); }); }", "}"])
         tag = hashlib.sha1(src.encode()).hexdigest()[:12]
         so = Path(tempfile.gettempdir()) / f"convlab_winograd_{tag}.so"
         if not so.exists():
@@ -131,11 +133,13 @@ def _p(a):
 
 
 def _gemm(lib, bm, a, b):
-    Bt, M, K = a.shape
-    N = b.shape[2]
+    Bt, K, N = b.shape
+    M = a.shape[-2]
     out = np.full((Bt, M, N), np.nan, np.float32)
     bn = 8192 // bm
-    lib.run_gemm(-(-N // bn), -(-M // bm), Bt, _p(a), _p(b), _p(out), M, N, K)
+    sa = 0 if a.ndim == 2 else M * K   # one A for every batch, or one per batch
+    lib.run_gemm(-(-N // bn), -(-M // bm), Bt, _p(a), _p(b), _p(out), M, N, K,
+                 ctypes.c_longlong(sa))
     return out
 
 
@@ -152,6 +156,9 @@ def test_batched_sgemm_on_the_cpu(emulated, m, N):
     scale = np.matmul(np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64)))
     assert np.all(np.isfinite(out))
     assert np.max(np.abs(out - exp) / scale) < 1e-6
+    shared = _gemm(lib, bm, a[1], b)           # one A against every B (stride 0)
+    exp = np.matmul(a[1].astype(np.float64), b.astype(np.float64))
+    assert np.max(np.abs(shared - exp) / np.matmul(np.abs(a[1]), np.abs(b))) < 1e-6
 
 
 @needs_gxx

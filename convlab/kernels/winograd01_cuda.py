@@ -5,7 +5,7 @@ NumPy derivation in `convlab.winograd`, whose exact matrices the kernels are bui
 Three CUDA C kernels (``csrc/winograd.cu``, CuPy) around a batched GEMM: the filters and
 the input tiles go to the Winograd domain (U: a^2 x K x C, V: a^2 x C x T with a = m + 2,
 T the number of output tiles), a^2 GEMMs ``M[xi] = U[xi] @ V[xi]`` do the multiplications
-— the course's batched register-blocked SGEMM (``csrc/sgemm_batched.cu``), or with
+— the course's batched register-blocked SGEMM (`gemm05_batched_cuda`), or with
 ``gemm="cublas"`` CuPy's strided-batched cuBLAS SGEMM (fp32, TF32 off) — and the output
 transform turns M back into m x m tiles. V and M go through memory between the steps (a
 fused kernel keeps them on chip); their bytes are part of the time. F(4x4) does 2.25
@@ -22,9 +22,9 @@ import numpy as np
 
 from .. import winograd
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from .gemm05_batched_cuda import sgemm_batched
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "winograd.cu"
-GEMM_PATH = Path(__file__).parent / "csrc" / "sgemm_batched.cu"
 _MODULES: dict = {}
 _WORK: dict = {}
 
@@ -56,31 +56,6 @@ def _kernels(m: int):
         _MODULES[m] = tuple(mod.get_function(k) for k in ("wino_filter", "wino_input",
                                                            "wino_output"))
     return _MODULES[m]
-
-
-def _gemm_kernel(bm: int):
-    import cupy as cp
-
-    key = ("gemm", bm)
-    if key not in _MODULES:
-        _MODULES[key] = cp.RawKernel(GEMM_PATH.read_text(), "sgemm_batched",
-                                     options=("-std=c++17", f"-DBM={bm}"))
-    return _MODULES[key]
-
-
-def sgemm_batched(a, b, out):
-    """out[i] = a[i] @ b[i] for fp32 CuPy arrays a (B, M, K), b (B, K, N), out (B, M, N),
-    C-contiguous; K % 4 == 0. The block is 64 x 128 when M <= 64, else 128 x 64."""
-    Bt, M, K = a.shape
-    N = b.shape[2]
-    if b.shape[:2] != (Bt, K) or out.shape != (Bt, M, N) or K % 4:
-        raise Unsupported(f"sgemm_batched: shapes {a.shape} @ {b.shape} -> {out.shape} "
-                          "(K % 4 == 0 needed)")
-    bm = 64 if M <= 64 else 128
-    bn = 8192 // bm
-    _gemm_kernel(bm)((ceil_div(N, bn), ceil_div(M, bm), Bt), (128,),
-                     (a, b, out, np.int32(M), np.int32(N), np.int32(K)))
-    return out
 
 
 def _workspace(*shapes):

@@ -1,4 +1,6 @@
-// Batched fp32 GEMM: C[b] (M x N) = A[b] (M x K) @ B[b] (K x N), row-major, b = blockIdx.z.
+// Batched fp32 GEMM: C[b] (M x N) = A[b] (M x K) @ B[b] (K x N), row-major, b = blockIdx.z;
+// the matrices of batch b start sa, sb, sc elements after those of batch b - 1 (sa = 0: one
+// A for every b, e.g. a conv's filters against each image's columns).
 // The course's register-blocked GEMM (gemm04's design) in CUDA C: a block computes BM x BN
 // of C (128 x 64 or 64 x 128) with 128 threads, a thread 8 x 8 of it as 2 x 2 sub-blocks of 4 x 4 (rows ty*4 and
 // BM/2 + ty*4, columns tx*4 and BN/2 + tx*4), so its shared-memory reads are float4s that
@@ -20,13 +22,13 @@ static_assert(BM == 64 || BM == 128, "BM is 64 or 128");
 
 extern "C" __global__ void __launch_bounds__(NT)
 sgemm_batched(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
-              int M, int N, int K) {
+              int M, int N, int K, long long sa, long long sb, long long sc) {
     __shared__ __align__(16) float As[2][BK][BM];
     __shared__ __align__(16) float Bs[2][BK][BN];
     const int b = blockIdx.z;
-    A += (long long)b * M * K;
-    B += (long long)b * K * N;
-    C += (long long)b * M * N;
+    A += b * sa;
+    B += b * sb;
+    C += b * sc;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int tid = threadIdx.x;
     // thread grid: 8 x 4 threads per warp patch (tx fastest within a row of 8)
