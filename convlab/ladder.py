@@ -337,7 +337,8 @@ def _gemm_reference(a, b):
 def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
     checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) and F(4x4, 3x3) where
-    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison)."""
+    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison), and
+    im2col + the course's batched GEMM."""
     from functools import partial
 
     from .kernels import triton01_implicit_gemm as tri
@@ -349,6 +350,9 @@ def beside_kernels(tf32: bool = False) -> dict:
         out["winograd_f2_cuda"] = wino.conv2d_winograd_f2_cuda
         out["winograd_f4_cuda"] = wino.conv2d_winograd_f4_cuda
         out["winograd_f4_cublas"] = wino.conv2d_winograd_f4_cublas
+        from .kernels import im2col01_cuda
+
+        out["im2col_cuda"] = im2col01_cuda.conv2d_im2col_cuda
     if not tri.available():
         return out
     out["triton"] = tri.conv2d_triton
