@@ -11,13 +11,8 @@ and are compared with float64. On a GPU (marked gpu): the launcher against the r
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import importlib.util
 import shutil
-import subprocess
-import tempfile
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,9 +23,9 @@ from convlab.kernels import Unsupported
 from convlab.kernels import winograd01_cuda as WC
 from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
 
+from ._emulate import build_cpu_library
 from ._nvrtc import nvrtc_available
 
-ROOT = Path(__file__).resolve().parents[1]
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -83,17 +78,6 @@ def test_refusals_before_cupy(kw, err):
                                 np.zeros((1, 4, 5, 5), np.float32))
 
 
-def _prelude() -> str:
-    path = ROOT / "tools" / "wmma_emulate.py"
-    spec = importlib.util.spec_from_file_location("wmma_emulate", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.PRELUDE + r"""
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-"""
-
-
 @pytest.fixture(scope="module")
 def emulated():
     """{m: ctypes library} with the Winograd kernels of F(m) and the batched SGEMM (BM = 128
@@ -103,7 +87,7 @@ def emulated():
     libs = {}
     for m, bm in ((2, 128), (4, 64)):
         gemm = f"#define BM {bm}\n" + GEMM_PATH.read_text()
-        src = "\n".join([_prelude(), WC.source(m), gemm, 'extern "C" {',
+        src = "\n".join([WC.source(m), gemm, 'extern "C" {',
                          "void run_filter(unsigned g, const float* w, float* U, int K, int C) {"
                          " run_grid(g, 1, 1, 256, [=] { wino_filter(w, U, K, C); }); }",
                          "void run_input(unsigned gx, unsigned gy, const float* x, float* V, int C,"
@@ -116,15 +100,7 @@ def emulated():
                          " const float* B, float* C, int M, int N, int K, long long sa) {"
                          " run_grid(gx, gy, gz, 128, [=] { sgemm_batched(A, B, C, M, N, K, sa,"
                          " (long long)K * N, (long long)M * N); }); }", "}"])
-        tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-        so = Path(tempfile.gettempdir()) / f"convlab_winograd_{tag}.so"
-        if not so.exists():
-            cpp = so.with_suffix(".cpp")
-            cpp.write_text(src)
-            r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w",
-                                str(cpp), "-o", str(so)], capture_output=True, text=True)
-            assert r.returncode == 0, r.stderr[-3000:]
-        libs[m] = (ctypes.CDLL(str(so)), bm)
+        libs[m] = (build_cpu_library(src), bm)
     return libs
 
 

@@ -1,0 +1,44 @@
+"""CUDA C kernels without barriers or with __syncthreads, compiled for the CPU by g++.
+
+Every CUDA thread is an OS thread and __syncthreads a barrier over the block (the prelude
+of tools/wmma_emulate.py, plus float4); blocks run one after the other. Used by the tests
+of the kernels whose C cannot run under the Numba simulator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def prelude() -> str:
+    path = ROOT / "tools" / "wmma_emulate.py"
+    spec = importlib.util.spec_from_file_location("wmma_emulate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.PRELUDE + r"""
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+"""
+
+
+def build_cpu_library(source: str) -> ctypes.CDLL:
+    """`source` (kernels + extern "C" wrappers calling run_grid) after the prelude, as a
+    shared library (cached by content in the temp dir)."""
+    src = prelude() + "\n" + source
+    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
+    so = Path(tempfile.gettempdir()) / f"convlab_cpu_{tag}.so"
+    if not so.exists():
+        cpp = so.with_suffix(".cpp")
+        cpp.write_text(src)
+        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w",
+                            str(cpp), "-o", str(so)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(r.stderr[-3000:])
+    return ctypes.CDLL(str(so))
