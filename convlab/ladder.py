@@ -353,6 +353,7 @@ def beside_kernels(tf32: bool = False) -> dict:
         from .kernels import im2col01_cuda
 
         out["im2col_cuda"] = im2col01_cuda.conv2d_im2col_cuda
+        out["im2col_fused_cuda"] = im2col01_cuda.conv2d_im2col_fused_cuda
     if not tri.available():
         return out
     out["triton"] = tri.conv2d_triton

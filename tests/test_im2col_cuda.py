@@ -55,6 +55,48 @@ def test_im2col_kernel_on_the_cpu(shape, wshape, stride, pad, dil):
     assert np.all(cols[:, L:] == 0)
 
 
+GATHER_WRAPPER = r"""
+extern "C" void run_gather(unsigned gx, unsigned gy, unsigned gz, const float* A, const float* x,
+                           float* C, const long long* s, const int* a) {
+    run_grid(gx, gy, gz, 128, [=] { conv_gather_gemm(A, x, C, a[0], a[1], a[2], s[0], s[1],
+        s[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14],
+        a[15]); });
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@pytest.mark.parametrize("bm", [64, 128])
+@pytest.mark.parametrize("shape, wshape, stride, pad, dil", [
+    ((2, 3, 13, 11), (70, 3, 7, 7), 2, 3, 1), ((1, 5, 9, 8), (9, 5, 3, 2), (1, 2), (1, 0), (2, 1))])
+def test_gather_gemm_on_the_cpu(bm, shape, wshape, stride, pad, dil):
+    from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
+
+    lib = build_cpu_library(f"#define BM {bm}\n#define GATHER 1\n" + GEMM_PATH.read_text()
+                            + GATHER_WRAPPER)
+    p = ref.conv_params(shape, wshape, stride, pad, dil)
+    L = p.C * p.R * p.S
+    Lp = -(-L // 4) * 4
+    PQ = p.P * p.Q
+    rng = np.random.default_rng(L + bm)
+    x = check.random_array(shape, rng)
+    w = check.random_array(wshape, rng)
+    wp = np.zeros((p.K, Lp), np.float32)
+    wp[:, :L] = w.reshape(p.K, L)
+    out = np.full((p.N, p.K, p.P, p.Q), np.nan, np.float32)
+    strides = np.array([0, p.C * p.H * p.W, p.K * PQ], np.int64)
+    args = np.array([p.K, PQ, Lp, p.C, p.H, p.W, p.R, p.S, p.Q, *p.stride, *p.padding,
+                     *p.dilation, L], np.int32)
+    bn = 8192 // bm
+    lib.run_gather(-(-PQ // bn), -(-p.K // bm), p.N, *(ctypes.c_void_p(a.ctypes.data) for a in
+                                                       (wp, x, out, strides, args)))
+    kw = dict(stride=stride, padding=pad, dilation=dil)
+    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw)
+    scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), **kw)
+    assert np.all(np.isfinite(out))
+    assert np.max(np.abs(out - exp) / scale) < 1e-5
+
+
 @pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
 def test_source_compiles():
     from convlab.kernels._nvrtc import nvrtc_ptx
@@ -75,10 +117,11 @@ def test_refusals_before_cupy():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("wshape, kw", [((6, 3, 7, 7), dict(stride=2, padding=3)),
                                         ((6, 5, 1, 1), {}),
                                         ((6, 5, 3, 3), dict(padding=1, dilation=2))])
-def test_launcher_on_gpu(wshape, kw):
+def test_launcher_on_gpu(wshape, kw, fused):
     from numba import cuda
 
     rng = np.random.default_rng(3)
@@ -87,7 +130,8 @@ def test_launcher_on_gpu(wshape, kw):
     w = check.random_array(wshape, rng)
     p = ref.conv_params(x.shape, w.shape, **kw)
     out = cuda.to_device(check.poisoned(p.out_shape))
-    IC.conv2d_im2col_cuda(cuda.to_device(x), cuda.to_device(w), out, **kw)
+    fn = IC.conv2d_im2col_fused_cuda if fused else IC.conv2d_im2col_cuda
+    fn(cuda.to_device(x), cuda.to_device(w), out, **kw)
     exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw)
     scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), **kw)
     assert np.max(np.abs(out.copy_to_host() - exp) / scale) < 1e-5

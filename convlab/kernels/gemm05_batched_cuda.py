@@ -5,6 +5,8 @@ transposed, the next slab in registers while this one is multiplied) written in 
 with a batch index (``blockIdx.z``) and per-batch strides, so one launch does many GEMMs
 of one shape: Winograd's (m + 2)^2 products (`winograd01_cuda`) or a conv's filters
 against each image's columns (`im2col01_cuda`, stride 0 for the filters). fp32, row-major.
+`conv_gather_gemm` is the same kernel with the columns gathered from the image inside its
+loads (im2col fused away).
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ GEMM_PATH = Path(__file__).parent / "csrc" / "sgemm_batched.cu"
 _KERNELS: dict = {}
 
 
-def _gemm_kernel(bm: int):
+def _gemm_kernel(bm: int, gather: bool = False):
     import cupy as cp
 
-    if bm not in _KERNELS:
-        _KERNELS[bm] = cp.RawKernel(GEMM_PATH.read_text(), "sgemm_batched",
-                                    options=("-std=c++17", f"-DBM={bm}"))
-    return _KERNELS[bm]
+    key = (bm, gather)
+    if key not in _KERNELS:
+        opts = ("-std=c++17", f"-DBM={bm}", f"-DGATHER={int(gather)}")
+        _KERNELS[key] = cp.RawKernel(GEMM_PATH.read_text(),
+                                     "conv_gather_gemm" if gather else "sgemm_batched",
+                                     options=opts)
+    return _KERNELS[key]
 
 
 def sgemm_batched(a, b, out):
@@ -45,4 +50,20 @@ def sgemm_batched(a, b, out):
     _gemm_kernel(bm)((ceil_div(N, bn), ceil_div(M, bm), Bt), (128,),
                      (a, b, out, i32(M), i32(N), i32(K), i64(0 if shared_a else M * K),
                       i64(K * N), i64(M * N)))
+    return out
+
+
+def conv_gather_gemm(wp, x, out, p, L: int):
+    """out[n] (K x P*Q) = wp (K x Lp) @ im2col(x[n]) with the columns gathered from x inside
+    the GEMM's loads (never stored): x (N, C, H, W), wp the filters as (K, Lp) with zero
+    columns from L = C*R*S to Lp (a multiple of 4), p the `ConvParams`; fp32 CuPy arrays."""
+    K, Lp = wp.shape
+    PQ = p.P * p.Q
+    bm = 64 if K <= 64 else 128
+    bn = 8192 // bm
+    i32, i64 = np.int32, np.int64
+    geom = (p.C, p.H, p.W, p.R, p.S, p.Q, *p.stride, *p.padding, *p.dilation, L)
+    _gemm_kernel(bm, True)((ceil_div(PQ, bn), ceil_div(K, bm), p.N), (128,),
+                           (wp, x, out, i32(K), i32(PQ), i32(Lp), i64(0),
+                            i64(p.C * p.H * p.W), i64(K * PQ), *(i32(v) for v in geom)))
     return out

@@ -20,9 +20,27 @@
 
 static_assert(BM == 64 || BM == 128, "BM is 64 or 128");
 
+// GATHER=1: B is not read from memory but gathered from an NCHW image (im2col fused into
+// the loads: B[b][l][pq] = x[b][c][p sh - ph + r dh][q sw - pw + s dw], l = (c R + r) S + s,
+// zero outside the image and for l >= L): conv_gather_gemm, a convolution whose reduction
+// is exactly C*R*S (rounded up to 4 by the caller's zero filter columns).
+#ifndef GATHER
+#define GATHER 0
+#endif
+
+#if GATHER
+struct Geometry { int C, H, W, R, S, Q, sh, sw, ph, pw, dh, dw, L; };
+extern "C" __global__ void __launch_bounds__(NT)
+conv_gather_gemm(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+                 int M, int N, int K, long long sa, long long sb, long long sc, int Cc, int H,
+                 int W, int R, int S, int Q, int sh, int sw, int ph, int pw, int dh, int dw,
+                 int L) {
+    const Geometry g = {Cc, H, W, R, S, Q, sh, sw, ph, pw, dh, dw, L};
+#else
 extern "C" __global__ void __launch_bounds__(NT)
 sgemm_batched(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
               int M, int N, int K, long long sa, long long sb, long long sc) {
+#endif
     __shared__ __align__(16) float As[2][BK][BM];
     __shared__ __align__(16) float Bs[2][BK][BN];
     const int b = blockIdx.z;
@@ -36,6 +54,20 @@ sgemm_batched(const float* __restrict__ A, const float* __restrict__ B, float* _
     const bool vec_n = (N % 4) == 0;
 
     float4 ra[A_F4], rb[B_F4];
+#if GATHER
+    // the input corner of each output pixel this thread loads (its columns never change)
+    int h0[B_F4][4], w0[B_F4][4];
+#pragma unroll
+    for (int j = 0; j < B_F4; ++j) {
+        int c = ((tid + j * NT) % (BN / 4)) * 4;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            int pq = n0 + c + e, p = pq / g.Q, q = pq - p * g.Q;
+            h0[j][e] = pq < N ? p * g.sh - g.ph : -(1 << 29);   // past N: never inside
+            w0[j][e] = q * g.sw - g.pw;
+        }
+    }
+#endif
     auto fetch = [&](int k0) {
 #pragma unroll
         for (int j = 0; j < A_F4; ++j) {
@@ -49,6 +81,19 @@ sgemm_batched(const float* __restrict__ A, const float* __restrict__ B, float* _
             int i = tid + j * NT, r = i / (BN / 4), c = (i % (BN / 4)) * 4;
             int k = k0 + r, n = n0 + c;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if GATHER
+            if (k < g.L) {
+                int cc = k / (g.R * g.S), rs = k - cc * g.R * g.S, rr = rs / g.S, ss = rs - rr * g.S;
+                const float* xc = B + (long long)cc * g.H * g.W;
+                float e4[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    int h = h0[j][e] + rr * g.dh, w = w0[j][e] + ss * g.dw;
+                    e4[e] = (h >= 0 && h < g.H && w >= 0 && w < g.W) ? xc[h * g.W + w] : 0.0f;
+                }
+                v = make_float4(e4[0], e4[1], e4[2], e4[3]);
+            }
+#else
             if (k < K) {
                 const float* p = B + (long long)k * N + n;
                 if (vec_n && n + 3 < N) {
@@ -60,6 +105,7 @@ sgemm_batched(const float* __restrict__ A, const float* __restrict__ B, float* _
                     if (n + 3 < N) v.w = p[3];
                 }
             }
+#endif
             rb[j] = v;
         }
     };
