@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import shutil
 import subprocess
 import sys
@@ -55,12 +56,26 @@ def modules(root: Path) -> dict:
     return out
 
 
+@functools.cache
+def _import_statements(text: str) -> tuple:
+    """The import statements of a source text, function-local ones included. Parsed once per
+    text: the planted copies of the package share the parse of every file they leave alone."""
+    return tuple(n for n in ast.walk(ast.parse(text)) if isinstance(n, (ast.Import,
+                                                                        ast.ImportFrom)))
+
+
 def imports(name: str, path: Path, known: set) -> set:
     """The convlab modules that module `name` (file `path`) imports, anywhere in its code."""
     is_pkg = path.name == "__init__.py"
     package = name if is_pkg else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    text = path.read_text()
+    try:
+        statements = _import_statements(text)
+    except SyntaxError:
+        ast.parse(text, str(path))  # raise again, naming the file
+        raise
+    for node in statements:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -98,9 +113,9 @@ def layer_of(name: str, layers=LAYERS) -> int | None:
 
 def back_edges(g: dict, layers=LAYERS) -> list:
     """(importer, imported) pairs where a lower layer imports a higher one."""
+    lay = {m: layer_of(m, layers) for m in set(g).union(*g.values())}
     return sorted((a, b) for a, deps in g.items() for b in deps
-                  if layer_of(a, layers) is not None and layer_of(b, layers) is not None
-                  and layer_of(b, layers) > layer_of(a, layers))
+                  if lay[a] is not None and lay[b] is not None and lay[b] > lay[a])
 
 
 def cycles(g: dict) -> list:

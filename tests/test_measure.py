@@ -42,7 +42,7 @@ def test_every_lesson_name_plans_sections():
 def test_dry_run_writes_every_group(dry):
     _, out, files = dry
     assert set(files) == {"lessons04_06", "trace_vs_measured", "bench", "lessons10_11",
-                          "lessons12_13", "tuned"}  # tuned.json: for CONVLAB_TUNED
+                          "lessons12_13", "tensor_cores", "tuned"}  # tuned.json: CONVLAB_TUNED
     for name in LESSONS:  # every section a lesson asks for is in its file
         for group, secs in measure.plan([name]):
             data = files[group.filename().removesuffix(".json")]

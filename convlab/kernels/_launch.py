@@ -143,3 +143,41 @@ def launcher(fn):
     """Mark fn as a GPU launcher (device arrays in, fills `out`) for checkers and bench."""
     fn.device = True
     return fn
+
+
+def array_kind(a) -> str:
+    """'bfloat16', 'float16' or 'float32' for a NumPy, CuPy or PyTorch array (else its
+    dtype's name): torch's dtypes are not NumPy's, and NumPy has no bfloat16."""
+    s = str(a.dtype)
+    for kind in ("bfloat16", "float16", "float32"):
+        if kind in s:
+            return kind
+    return s
+
+
+def check_array(name: str, label: str, a, shape, kinds) -> None:
+    """Raise unless `a` has `shape`, one of `kinds` (`array_kind`) and C order."""
+    if tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name}: {label} has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    if array_kind(a) not in kinds:
+        raise TypeError(f"{name}: {label} must be {' or '.join(kinds)}, got {a.dtype}")
+    contiguous = getattr(a, "is_contiguous", None)  # torch
+    if contiguous is not None and not contiguous():
+        raise Unsupported(f"{name}: {label} must be contiguous")
+    flags = getattr(a, "flags", None)  # NumPy, CuPy
+    if flags is not None and hasattr(flags, "c_contiguous") and not flags.c_contiguous:
+        raise Unsupported(f"{name}: {label} must be C-contiguous")
+
+
+_SMS: dict = {}
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors of the current CuPy device (cached: asking CuPy for its
+    attributes costs tens of microseconds, more than a small kernel)."""
+    import cupy as cp
+
+    dev = cp.cuda.Device().id
+    if dev not in _SMS:
+        _SMS[dev] = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return _SMS[dev]

@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, launcher
+from ._launch import array_kind as _kind
+from ._launch import check_array as _check
+from ._launch import sm_count as _sm_count
 from ._nvrtc import nvrtc_ptx
 from .wmma01_gemm_cuda import _ptr
 
@@ -141,37 +144,10 @@ def _scalars(**v) -> tuple:
     return tuple(np.int32(v.get(k, 0)) for k in _SCALARS)
 
 
-def _kind(a) -> str:
-    s = str(a.dtype)
-    for k in ("bfloat16", "float16", "float32"):
-        if k in s:
-            return k
-    return s
 
 
-def _check(name, label, a, shape, kinds):
-    if tuple(a.shape) != tuple(shape):
-        raise ValueError(f"{name}: {label} has shape {tuple(a.shape)}, expected {tuple(shape)}")
-    if _kind(a) not in kinds:
-        raise TypeError(f"{name}: {label} must be {' or '.join(kinds)}, got {a.dtype}")
-    contiguous = getattr(a, "is_contiguous", None)
-    if contiguous is not None and not contiguous():
-        raise Unsupported(f"{name}: {label} must be contiguous")
-    flags = getattr(a, "flags", None)
-    if flags is not None and hasattr(flags, "c_contiguous") and not flags.c_contiguous:
-        raise Unsupported(f"{name}: {label} must be C-contiguous")
 
 
-_SMS: dict = {}
-
-
-def _sm_count() -> int:
-    import cupy as cp
-
-    dev = cp.cuda.Device().id
-    if dev not in _SMS:
-        _SMS[dev] = cp.cuda.Device().attributes["MultiProcessorCount"]
-    return _SMS[dev]
 
 
 def _launch(cfg, conv, a, b, out, M, N, Kd, **geom):

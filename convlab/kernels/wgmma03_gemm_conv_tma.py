@@ -30,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, launcher
+from ._launch import array_kind as _kind
+from ._launch import check_array as _check
+from ._launch import sm_count as _sm_count
 from ._nvrtc import nvrtc_ptx
 from .wmma01_gemm_cuda import _ptr
 
@@ -170,39 +173,14 @@ def _maps_on_device(key, make):
     return _PLANS[key]
 
 
-def _kind(a) -> str:
-    s = str(a.dtype)
-    return "bfloat16" if "bfloat16" in s else "float16" if "float16" in s else (
-        "float32" if "float32" in s else s)
 
 
-def _check(name, label, a, shape, kinds):
-    if tuple(a.shape) != tuple(shape):
-        raise ValueError(f"{name}: {label} has shape {tuple(a.shape)}, expected {tuple(shape)}")
-    if _kind(a) not in kinds:
-        raise TypeError(f"{name}: {label} must be {' or '.join(kinds)}, got {a.dtype}")
-    contiguous = getattr(a, "is_contiguous", None)
-    if contiguous is not None and not contiguous():
-        raise Unsupported(f"{name}: {label} must be contiguous")
-    flags = getattr(a, "flags", None)
-    if flags is not None and hasattr(flags, "c_contiguous") and not flags.c_contiguous:
-        raise Unsupported(f"{name}: {label} must be C-contiguous")
 
 
 def _scalars(*vals) -> tuple:
     return tuple(np.int32(v) for v in vals)
 
 
-_SMS: dict = {}
-
-
-def _sm_count() -> int:
-    import cupy as cp
-
-    dev = cp.cuda.Device().id
-    if dev not in _SMS:
-        _SMS[dev] = cp.cuda.Device().attributes["MultiProcessorCount"]
-    return _SMS[dev]
 
 
 def _launch(fn, cfg, maps, out, scalars, nbm, nbn):

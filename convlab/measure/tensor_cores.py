@@ -211,29 +211,40 @@ def _cudnn_rows(ctx, rows, prob, x, w, label):
             ctx, name, lambda: F.conv2d(xx, ww, **kw), prob.flops, label, queued=True))
 
 
+def _conv_tiles(ctx, prob, dtype, label, launch, chosen, candidates):
+    """A layer's inputs rounded to `dtype` (NHWC), and each candidate tile of
+    ``launch(x_nhwc, w_krsc, out, cfg)`` (the chosen one first) checked, then timed."""
+    import torch
+
+    x, w, x_nhwc, w_krsc, exp, absref = _conv_inputs(prob, torch, dtype)
+    N, K, P, Q = prob.out_shape
+    out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
+    tol = rtol_for("fp32", prob.C * prob.R * prob.S)
+    rows = []
+    for cfg in [chosen] + [c for c in candidates if c != chosen]:
+        _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
+            ctx, f"{label} {cfg}", lambda: launch(x_nhwc, w_krsc, out, cfg), out, exp, absref,
+            tol, prob.flops, queued=True)))
+    return rows, tol, x, w, x_nhwc, w_krsc
+
+
 def _mma_conv_layer(ctx, lname):
+    import cupy as cp
     import torch
 
     from ..kernels import mma02_gemm_conv_cuda as MM
 
     prob = problems.conv_layer(lname)
     kw = prob.kwargs
-    xh, wh, x_nhwc, w_krsc, exp, absref = _conv_inputs(prob, torch, torch.float16)
     N, K, P, Q = prob.out_shape
-    out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
-    tol = rtol_for("fp32", prob.C * prob.R * prob.S)
-    rows = []
     chosen = MM.choose_conv(K, N * P * Q)
-    for cfg in [chosen] + [c for c in MM.CONV_CANDIDATES if c != chosen]:
-        _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
-            ctx, f"mma.sync conv {cfg}", lambda: MM.conv2d_mma_nhwc(
-                x_nhwc, w_krsc, out, cfg=cfg, **kw), out, exp, absref, tol, prob.flops,
-            queued=True)))
+    rows, tol, xh, wh, x_nhwc, w_krsc = _conv_tiles(
+        ctx, prob, torch.float16, "mma.sync conv",
+        lambda x, w, out, cfg: MM.conv2d_mma_nhwc(x, w, out, cfg=cfg, **kw), chosen,
+        MM.CONV_CANDIDATES)
     out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)
     _try(rows, "fp16 out", lambda: dict(name="mma.sync conv (fp16 out)", **_library_free(
         ctx, lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, **kw), prob.flops)))
-    import cupy as cp
-
     x32, w32 = cp.asarray(xh.float()), cp.asarray(wh.float())
     o_nchw = cp.empty(prob.out_shape, cp.float32)
     _try(rows, "NCHW fp32 call", lambda: dict(
@@ -362,18 +373,13 @@ def _wgmma_conv_layer(ctx, lname):
 
     prob = problems.conv_layer(lname)
     kw = prob.kwargs
-    xb, wb, x_nhwc, w_krsc, exp, absref = _conv_inputs(prob, torch, torch.bfloat16)
     N, K, P, Q = prob.out_shape
-    out = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32)
-    tol = rtol_for("fp32", prob.C * prob.R * prob.S)
-    rows = []
     chosen = WG.choose_conv(K)
     geom = dict(padding=kw.get("padding", 0), dilation=kw.get("dilation", 1))
-    for cfg in [chosen] + [c for c in WG.CONV_CANDIDATES if c != chosen]:
-        _try(rows, str(cfg), lambda cfg=cfg: dict(chosen=cfg == chosen, **_check_then_time(
-            ctx, f"wgmma conv {cfg}", lambda: WG.conv2d_wgmma_nhwc(
-                x_nhwc, w_krsc, out, cfg=cfg, **geom), out, exp, absref, tol, prob.flops,
-            queued=True)))
+    rows, tol, xb, wb, x_nhwc, w_krsc = _conv_tiles(
+        ctx, prob, torch.bfloat16, "wgmma conv",
+        lambda x, w, out, cfg: WG.conv2d_wgmma_nhwc(x, w, out, cfg=cfg, **geom), chosen,
+        WG.CONV_CANDIDATES)
     out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.bfloat16)
     _try(rows, "bf16 out", lambda: dict(name=f"wgmma conv {chosen} (bf16 out)", **_library_free(
         ctx, lambda: WG.conv2d_wgmma_nhwc(x_nhwc, w_krsc, out16, cfg=chosen, **geom),
