@@ -6,7 +6,9 @@
 # profile (ncu), call_time, census (ResNet-18, into the stored lessons12_13 file),
 # tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of
 # the speed-task solutions), notebooks (04-07, 13 on the GPU), resnet50 (every distinct
-# ResNet-50 layer at batch 32, 1, 128, for what remains of the budget).
+# ResNet-50 layer at batch 32, 1, 128, for what remains of the budget), tensor_cores (the
+# mma.sync / wgmma ladder of lesson 12, about 80 s), resnet50_cuda (every layer with the
+# CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s).
 set -u
 OUT=${OUT:-/tmp/convlab_out}
 W=/tmp/convlab_session
@@ -55,6 +57,11 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                  notebooks/07_*.ipynb notebooks/13_*.ipynb --out "$W/res/nb" --timeout 240 ;;
     resnet50) TAIL=40 step resnet50 560 python3 -m convlab bench --layers resnet50 \
                 --out "$W/res/r50" --repeat 8 --budget $(( $(left) - 60 )) ;;
+    tensor_cores) TAIL=20 step tensor_cores 200 python3 -m convlab measure tensor_cores \
+                    --prefix h200 --out "$W/res" ;;
+    resnet50_cuda) TAIL=20 step resnet50_cuda 300 env OUT="$W/res" python3 \
+                     tools/gpu/resnet50_kernels.py 32,1,128 \
+                     implicit_gemm_cuda,im2col_cuda,im2col_fused_cuda,winograd_f2_cuda,winograd_f4_cuda ;;
   esac
 done
 tar -czf "$OUT/results.tgz" -C "$W" res logs
