@@ -181,3 +181,20 @@ def sm_count() -> int:
     if dev not in _SMS:
         _SMS[dev] = cp.cuda.Device().attributes["MultiProcessorCount"]
     return _SMS[dev]
+
+
+_WORKSPACE: dict = {}
+
+
+def workspace(tag: str, shape) -> object:
+    """An fp32 CuPy array of `shape` kept for the next call (a launcher's scratch: Winograd's
+    U, V, M, im2col's columns): one per tag, replaced when the shape changes, so memory
+    stays at one layer's worth (CuPy's pool makes the replacement cheap)."""
+    import cupy as cp
+
+    shape = tuple(shape)
+    buf = _WORKSPACE.get(tag)
+    if buf is None or buf.shape != shape:
+        _WORKSPACE[tag] = buf = None  # let the pool take the old one back first
+        _WORKSPACE[tag] = buf = cp.empty(shape, cp.float32)
+    return buf

@@ -11,6 +11,7 @@ loads (im2col fused away).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -18,25 +19,23 @@ import numpy as np
 from ._launch import Unsupported, ceil_div
 
 GEMM_PATH = Path(__file__).parent / "csrc" / "sgemm_batched.cu"
-_KERNELS: dict = {}
-
-
+@functools.cache
 def _gemm_kernel(bm: int, gather: bool = False):
     import cupy as cp
 
-    key = (bm, gather)
-    if key not in _KERNELS:
-        opts = ("-std=c++17", f"-DBM={bm}", f"-DGATHER={int(gather)}")
-        _KERNELS[key] = cp.RawKernel(GEMM_PATH.read_text(),
-                                     "conv_gather_gemm" if gather else "sgemm_batched",
-                                     options=opts)
-    return _KERNELS[key]
+    return cp.RawKernel(GEMM_PATH.read_text(), "conv_gather_gemm" if gather else "sgemm_batched",
+                        options=("-std=c++17", f"-DBM={bm}", f"-DGATHER={int(gather)}"))
+
+
+def _block(M: int) -> tuple:
+    """(BM, BN) of the kernel for M rows: 64 x 128 when M <= 64, else 128 x 64."""
+    bm = 64 if M <= 64 else 128
+    return bm, 8192 // bm
 
 
 def sgemm_batched(a, b, out):
     """out[i] = a[i] @ b[i] for fp32 C-contiguous CuPy arrays b (B, K, N), out (B, M, N) and
-    a (B, M, K), or a (M, K) for one A against every b[i]; K % 4 == 0. The block is
-    64 x 128 when M <= 64, else 128 x 64."""
+    a (B, M, K), or a (M, K) for one A against every b[i]; K % 4 == 0."""
     Bt, K, N = b.shape
     M = a.shape[-2]
     shared_a = a.ndim == 2
@@ -44,8 +43,7 @@ def sgemm_batched(a, b, out):
             or (not shared_a and a.shape[0] != Bt)):
         raise Unsupported(f"sgemm_batched: shapes {a.shape} @ {b.shape} -> {out.shape} "
                           "(K % 4 == 0 needed)")
-    bm = 64 if M <= 64 else 128
-    bn = 8192 // bm
+    bm, bn = _block(M)
     i32, i64 = np.int32, np.int64
     _gemm_kernel(bm)((ceil_div(N, bn), ceil_div(M, bm), Bt), (128,),
                      (a, b, out, i32(M), i32(N), i32(K), i64(0 if shared_a else M * K),
@@ -59,8 +57,7 @@ def conv_gather_gemm(wp, x, out, p, L: int):
     columns from L = C*R*S to Lp (a multiple of 4), p the `ConvParams`; fp32 CuPy arrays."""
     K, Lp = wp.shape
     PQ = p.P * p.Q
-    bm = 64 if K <= 64 else 128
-    bn = 8192 // bm
+    bm, bn = _block(K)
     i32, i64 = np.int32, np.int64
     geom = (p.C, p.H, p.W, p.R, p.S, p.Q, *p.stride, *p.padding, *p.dilation, L)
     _gemm_kernel(bm, True)((ceil_div(PQ, bn), ceil_div(K, bm), p.N), (128,),

@@ -13,32 +13,20 @@ whose reduction is the flat (c, r, s) index: nothing stored, more index arithmet
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
-from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, workspace
 from .gemm05_batched_cuda import conv_gather_gemm, sgemm_batched
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "im2col.cu"
-_KERNEL: dict = {}
-_WORK: dict = {}
-
-
+@functools.cache
 def _im2col_kernel():
     import cupy as cp
 
-    if "k" not in _KERNEL:
-        _KERNEL["k"] = cp.RawKernel(SOURCE_PATH.read_text(), "im2col", options=("-std=c++17",))
-    return _KERNEL["k"]
-
-
-def _buffer(key, shape):
-    import cupy as cp
-
-    if _WORK.get(key) is None or _WORK[key].shape != shape:
-        _WORK[key] = cp.empty(shape, cp.float32)
-    return _WORK[key]
+    return cp.RawKernel(SOURCE_PATH.read_text(), "im2col", options=("-std=c++17",))
 
 
 def _params(name, x, w, out, stride, padding, dilation, groups):
@@ -54,10 +42,10 @@ def _params(name, x, w, out, stride, padding, dilation, groups):
 
 
 def _filters(w, p, L, Lp):
-    """w as a (K, Lp) matrix, zero columns past L (cached buffer, refilled per call)."""
+    """w as a (K, Lp) matrix, zero columns past L (a workspace, refilled per call)."""
     import cupy as cp
 
-    wp = _buffer("w", (p.K, Lp))
+    wp = workspace("im2col filters", (p.K, Lp))
     wp[:, :L] = cp.asarray(w).reshape(p.K, L)
     if Lp > L:
         wp[:, L:] = 0
@@ -77,7 +65,7 @@ def conv2d_im2col_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     if direct:  # x (N, C, H*W) is its own column matrix
         cols = xa.reshape(p.N, L, PQ)
     else:
-        cols = _buffer("cols", (p.N, Lp, PQ))
+        cols = workspace("im2col columns", (p.N, Lp, PQ))
         i32 = np.int32
         _im2col_kernel()((ceil_div(PQ, 256), Lp, p.N), (256,),
                          (xa, cols, *(i32(v) for v in (p.C, p.H, p.W, p.R, p.S, p.P, p.Q,

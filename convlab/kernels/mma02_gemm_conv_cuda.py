@@ -19,6 +19,7 @@ implicit GEMM over an NHWC input with filters as (K, R, S, C) — C % 8 == 0.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -112,21 +113,15 @@ def require_sm80():
     return int(cc)
 
 
-_MODULES: dict = {}
-
-
+@functools.cache
 def _kernel(cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
-    """The compiled kernel for one configuration (CuPy RawModule, cached per process)."""
+    """The compiled kernel for one configuration (CuPy RawModule, once per process)."""
     import cupy as cp
 
-    key = (cfg, conv, out_f16, bf16)
-    if key not in _MODULES:
-        opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
-        mod = cp.RawModule(code=source(), options=opts)
-        fn = mod.get_function("mma_sync_kernel")
-        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
-        _MODULES[key] = fn
-    return _MODULES[key]
+    opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
+    fn = cp.RawModule(code=source(), options=opts).get_function("mma_sync_kernel")
+    fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+    return fn
 
 
 def compile_ptx(cfg: MmaConfig = GEMM_DEFAULT, arch: str = "compute_80", conv: bool = False,
@@ -150,7 +145,7 @@ def _scalars(**v) -> tuple:
 
 
 
-def _launch(cfg, conv, a, b, out, M, N, Kd, **geom):
+def _launch_kernel(cfg, conv, a, b, out, M, N, Kd, **geom):
     bf16 = _kind(a) == "bfloat16"
     fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)
     grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
@@ -180,7 +175,7 @@ def gemm_mma_raw(a, bt, out, cfg: MmaConfig | None = None):
     if max(M * K, N * K, M * N) >= 2**31:
         raise Unsupported(f"{name}: matrices must have fewer than 2**31 elements")
     require_sm80()
-    return _launch((cfg or GEMM_DEFAULT).validate(), False, a, bt, out, M, N, K)
+    return _launch_kernel((cfg or GEMM_DEFAULT).validate(), False, a, bt, out, M, N, K)
 
 
 def gemm_mma(a, b, cfg: MmaConfig | None = None):
@@ -225,7 +220,7 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_sm80()
     cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
-    return _launch(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
+    return _launch_kernel(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
                    dh=p.dilation[0], dw=p.dilation[1])
 

@@ -23,6 +23,7 @@ out-of-range rows (the padding) arrive as zeros.
 from __future__ import annotations
 
 import ctypes
+import functools
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,10 +93,11 @@ def source() -> str:
     return SOURCE_PATH.read_text()
 
 
-def compile_ptx(cfg: WgmmaConfig = GEMM_DEFAULT, conv: bool = False, f16: bool = False) -> str:
+def compile_ptx(cfg: WgmmaConfig = GEMM_DEFAULT, conv: bool = False, f16: bool = False,
+                out_half: bool = False) -> str:
     """PTX for sm_90a (NVRTC, no GPU needed)."""
     return nvrtc_ptx(source(), "wgmma_tma.cu", (), ARCH,
-                     options=cfg.validate().defines(CONV=conv, F16=f16))
+                     options=cfg.validate().defines(CONV=conv, F16=f16, OUT_HALF=out_half))
 
 
 def require_hopper():
@@ -109,23 +111,16 @@ def require_hopper():
                           "(compile_ptx) instead")
 
 
-_KERNELS: dict = {}
-
-
+@functools.cache
 def _kernel(cfg: WgmmaConfig, conv: bool, f16: bool, out_half: bool):
-    """Compiled kernel (PTX for sm_90a, loaded by CuPy), cached per process."""
+    """Compiled kernel (`compile_ptx`, loaded by CuPy), once per process."""
     import cupy as cp
 
-    key = (cfg, conv, f16, out_half)
-    if key not in _KERNELS:
-        ptx = nvrtc_ptx(source(), "wgmma_tma.cu", (), ARCH,
-                        options=cfg.validate().defines(CONV=conv, F16=f16, OUT_HALF=out_half))
-        path = Path(tempfile.mkdtemp(prefix="convlab-wgmma-")) / "wgmma_tma.ptx"
-        path.write_text(ptx)
-        fn = cp.RawModule(path=str(path)).get_function("wgmma_tma_kernel")
-        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
-        _KERNELS[key] = fn
-    return _KERNELS[key]
+    path = Path(tempfile.mkdtemp(prefix="convlab-wgmma-")) / "wgmma_tma.ptx"
+    path.write_text(compile_ptx(cfg, conv, f16, out_half))
+    fn = cp.RawModule(path=str(path)).get_function("wgmma_tma_kernel")
+    fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+    return fn
 
 
 # ----------------------------------------------------------------------------------------
@@ -183,7 +178,7 @@ def _scalars(*vals) -> tuple:
 
 
 
-def _launch(fn, cfg, maps, out, scalars, nbm, nbn):
+def _launch_kernel(fn, cfg, maps, out, scalars, nbm, nbn):
     """One block per SM (persistent), at most one per tile."""
     blocks = min(nbm * nbn, _sm_count())
     fn((blocks,), (cfg.threads,), (np.uint64(maps.data.ptr), np.uint64(_ptr(out)))
@@ -213,7 +208,7 @@ def gemm_wgmma_raw(a, bt, out, cfg: WgmmaConfig | None = None):
         lambda: (tensor_map(pa, kind, (K, M), (2 * K,), (64, cfg.BM)),
                  tensor_map(pb, kind, (K, N), (2 * K,), (64, cfg.BN))))
     fn = _kernel(cfg, False, kind == "float16", _kind(out) != "float32")
-    return _launch(fn, cfg, maps, out, (M, N, K, *([0] * 14)), ceil_div(M, cfg.BM),
+    return _launch_kernel(fn, cfg, maps, out, (M, N, K, *([0] * 14)), ceil_div(M, cfg.BM),
                    ceil_div(N, cfg.BN))
 
 
@@ -247,7 +242,7 @@ def conv2d_wgmma_nhwc(x, w, out, padding=0, dilation=1, cfg: WgmmaConfig | None 
                             (64, cfg.BQ, BP, 1)),
                  tensor_map(pw, kind, (RSC, K), (2 * RSC,), (64, cfg.BN))))
     fn = _kernel(cfg, True, kind == "float16", _kind(out) != "float32")
-    return _launch(fn, cfg, maps, out, (Nb * p.P * p.Q, K, RSC, Nb, H, W, C, p.P, p.Q, R, S,
+    return _launch_kernel(fn, cfg, maps, out, (Nb * p.P * p.Q, K, RSC, Nb, H, W, C, p.P, p.Q, R, S,
                                         *p.padding, *p.dilation, tiles_p, tiles_q),
                    Nb * tiles_p * tiles_q, ceil_div(K, cfg.BN))
 

@@ -15,18 +15,17 @@ multiplications per output instead of F(2x2)'s 4, and rounds more (its matrices 
 
 from __future__ import annotations
 
+import functools
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from .. import winograd
-from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, workspace
 from .gemm05_batched_cuda import sgemm_batched
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "winograd.cu"
-_MODULES: dict = {}
-_WORK: dict = {}
 
 
 def _literal(M) -> str:
@@ -48,25 +47,12 @@ def source(m: int = 2) -> str:
     return header(m) + SOURCE_PATH.read_text()
 
 
+@functools.cache
 def _kernels(m: int):
     import cupy as cp
 
-    if m not in _MODULES:
-        mod = cp.RawModule(code=source(m), options=("-std=c++17",))
-        _MODULES[m] = tuple(mod.get_function(k) for k in ("wino_filter", "wino_input",
-                                                           "wino_output"))
-    return _MODULES[m]
-
-
-def _workspace(*shapes):
-    """U, V, M buffers, kept per shape (a few MB to a few hundred at batch 128)."""
-    import cupy as cp
-
-    if shapes not in _WORK:
-        if len(_WORK) > 8:
-            _WORK.clear()
-        _WORK[shapes] = tuple(cp.empty(s, cp.float32) for s in shapes)
-    return _WORK[shapes]
+    mod = cp.RawModule(code=source(m), options=("-std=c++17",))
+    return tuple(mod.get_function(k) for k in ("wino_filter", "wino_input", "wino_output"))
 
 
 @launcher
@@ -97,7 +83,8 @@ def conv2d_winograd_cuda(x, w, out, stride=1, padding=0, dilation=1, groups=1, m
     import cupy as cp
 
     xa, wa, ya = cp.asarray(x), cp.asarray(w), cp.asarray(out)
-    U, V, M = _workspace((a2, p.K, p.C), (a2, p.C, T), (a2, p.K, T))
+    U, V, M = (workspace(f"winograd {t}", s) for t, s in (
+        ("U", (a2, p.K, p.C)), ("V", (a2, p.C, T)), ("M", (a2, p.K, T))))
     kf, ki, ko = _kernels(m)
     i32 = np.int32
     kf((ceil_div(p.K * p.C, 256),), (256,), (wa, U, i32(p.K), i32(p.C)))
