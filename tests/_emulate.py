@@ -17,6 +17,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def assert_close_to_reference(out, x, w, rtol: float = 1e-5, **kw) -> None:
+    """out (host) equals float64 conv2d(x, w, **kw) within rtol of conv(|x|, |w|) at every
+    element, every element written and finite (`check.compare` on `check.reference_case`)."""
+    from convlab import check
+
+    case = check.reference_case(x, w, **kw)
+    comp = check.compare(out, case["expected"], case["absref"], rtol=rtol)
+    assert comp.ok, comp.summary()
+
+
 def prelude() -> str:
     path = ROOT / "tools" / "wmma_emulate.py"
     spec = importlib.util.spec_from_file_location("wmma_emulate", path)

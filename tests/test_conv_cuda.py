@@ -16,6 +16,8 @@ from convlab import check, problems, results
 from convlab import reference as ref
 from convlab.kernels import conv_cuda
 
+from ._emulate import assert_close_to_reference
+
 KERNEL = {"im2col_fused": "im2col_fused_cuda", "winograd_f4": "winograd_f4_cuda",
           "implicit_gemm": "implicit_gemm_cuda"}
 
@@ -59,6 +61,4 @@ def test_launcher_on_gpu(x, w, kw):
     p = ref.conv_params(x, w, **kw)
     out = cuda.to_device(check.poisoned(p.out_shape))
     conv_cuda.conv2d_cuda(cuda.to_device(xs), cuda.to_device(ws), out, **kw)
-    exp = ref.conv2d(xs.astype(np.float64), ws.astype(np.float64), **kw)
-    scale = ref.conv2d(np.abs(xs.astype(np.float64)), np.abs(ws.astype(np.float64)), **kw)
-    assert np.max(np.abs(out.copy_to_host() - exp) / scale) < 1e-5
+    assert_close_to_reference(out.copy_to_host(), xs, ws, **kw)

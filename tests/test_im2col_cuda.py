@@ -20,7 +20,7 @@ from convlab import reference as ref
 from convlab.kernels import Unsupported
 from convlab.kernels import im2col01_cuda as IC
 
-from ._emulate import build_cpu_library
+from ._emulate import assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available
 
 WRAPPER = r"""
@@ -90,11 +90,7 @@ def test_gather_gemm_on_the_cpu(bm, shape, wshape, stride, pad, dil):
     bn = 8192 // bm
     lib.run_gather(-(-PQ // bn), -(-p.K // bm), p.N, *(ctypes.c_void_p(a.ctypes.data) for a in
                                                        (wp, x, out, strides, args)))
-    kw = dict(stride=stride, padding=pad, dilation=dil)
-    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw)
-    scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), **kw)
-    assert np.all(np.isfinite(out))
-    assert np.max(np.abs(out - exp) / scale) < 1e-5
+    assert_close_to_reference(out, x, w, stride=stride, padding=pad, dilation=dil)
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
@@ -132,6 +128,4 @@ def test_launcher_on_gpu(wshape, kw, fused):
     out = cuda.to_device(check.poisoned(p.out_shape))
     fn = IC.conv2d_im2col_fused_cuda if fused else IC.conv2d_im2col_cuda
     fn(cuda.to_device(x), cuda.to_device(w), out, **kw)
-    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), **kw)
-    scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), **kw)
-    assert np.max(np.abs(out.copy_to_host() - exp) / scale) < 1e-5
+    assert_close_to_reference(out.copy_to_host(), x, w, **kw)

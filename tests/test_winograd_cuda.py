@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from convlab import check, winograd
-from convlab import reference as ref
 from convlab.kernels import Unsupported
 from convlab.kernels import winograd01_cuda as WC
 from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
 
-from ._emulate import build_cpu_library
+from ._emulate import assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
@@ -157,10 +156,7 @@ def test_winograd_kernels_on_the_cpu(emulated, m, shape, pad):
     M = _gemm(lib, bm, U, V)
     y = np.full((N, K, P, Q), np.nan, np.float32)
     lib.run_output(-(-T // 128), K, _p(M), _p(y), K, P, Q, TY, TX, T)
-    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), padding=pad)
-    scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), padding=pad)
-    assert np.all(np.isfinite(y)), "an output was never written"
-    assert np.max(np.abs(y - exp) / scale) < 1e-5
+    assert_close_to_reference(y, x, w, padding=pad)
 
 
 @pytest.mark.gpu
@@ -175,6 +171,4 @@ def test_launcher_on_gpu(m, gemm):
     out = cuda.to_device(check.poisoned((3, 9, 13, 10)))
     WC.conv2d_winograd_cuda(cuda.to_device(x), cuda.to_device(w), out, padding=1, m=m,
                             gemm=gemm)
-    exp = ref.conv2d(x.astype(np.float64), w.astype(np.float64), padding=1)
-    scale = ref.conv2d(np.abs(x.astype(np.float64)), np.abs(w.astype(np.float64)), padding=1)
-    assert np.max(np.abs(out.copy_to_host() - exp) / scale) < 1e-5
+    assert_close_to_reference(out.copy_to_host(), x, w, padding=1)
