@@ -474,11 +474,11 @@ def sweep_summary_table(summary: dict) -> str:
 
 
 def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int = 10,
-                 budget_s: float | None = None, clock=None) -> dict:
-    """`run_batch_sweep` over every distinct conv of ResNet-50 (`problems.RESNET50`), with
-    `sweep_summary`; saved as resnet50.json in out_dir."""
+                 budget_s: float | None = None, clock=None, layers=problems.RESNET50) -> dict:
+    """`run_batch_sweep` over every distinct conv of ResNet-50 (`problems.RESNET50`, or the
+    `layers` given), with `sweep_summary`; saved as resnet50.json in out_dir."""
     result = environment()
-    sweep = run_batch_sweep(problems.RESNET50, batches, kernels, repeat=repeat, clock=clock,
+    sweep = run_batch_sweep(layers, batches, kernels, repeat=repeat, clock=clock,
                             budget_s=budget_s, progress=True)
     sweep["summary"] = sweep_summary(sweep)
     result["resnet50"] = sweep

@@ -1,15 +1,14 @@
 """Distinct ResNet-50 convs at chosen batch sizes, chosen kernels against cuDNN fp32 (each
-checked against float64 first); JSON to $OUT/resnet50_kernels.json. Examples:
+checked against float64 first): `ladder.run_resnet50`, results in $OUT/resnet50.json.
 
     python3 tools/gpu/resnet50_kernels.py 1 implicit_gemm_tuned,implicit_gemm_cuda
-    python3 tools/gpu/resnet50_kernels.py 32,1,128 implicit_gemm_cuda,winograd_cuda 3x3
+    python3 tools/gpu/resnet50_kernels.py 32,1,128 implicit_gemm_cuda,winograd_f4_cuda 3x3
 
 Kernel names: the conv ladder's (`convlab.kernels.CONV_LADDER`) and the ones raced beside
 it (`convlab.ladder.beside_kernels`); the optional third argument keeps the layers whose
 name starts with it ("3x3", "1x1", "stem").
 """
 
-import json
 import os
 import sys
 
@@ -25,9 +24,4 @@ prefix = sys.argv[3] if len(sys.argv) > 3 else ""
 known = {**CONV_LADDER, **ladder.beside_kernels()}
 kernels = {k: known[k] for k in names.split(",")}
 layers = [lay for lay in problems.RESNET50 if lay.name.startswith(prefix)]
-r = ladder.run_batch_sweep(layers, batches, kernels, repeat=8, progress=True)
-r["summary"] = ladder.sweep_summary(r)
-with open(os.path.join(os.environ.get("OUT", "."), "resnet50_kernels.json"), "w") as f:
-    json.dump({**ladder.environment(), "resnet50": r}, f, indent=1)
-ladder.print_results({"batch_sweep": r})
-print(ladder.sweep_summary_table(r["summary"]))
+ladder.run_resnet50(batches, os.environ.get("OUT", "."), kernels, repeat=8, layers=layers)
