@@ -145,6 +145,19 @@ def launcher(fn):
     return fn
 
 
+def device_pointer(a) -> int:
+    """Device address of a Numba, CuPy or PyTorch array (no copy, no synchronization)."""
+    p = getattr(a, "device_ctypes_pointer", None)  # Numba
+    if p is not None:
+        return p.value or 0
+    if hasattr(a, "data_ptr"):  # torch
+        return a.data_ptr()
+    data = getattr(a, "data", None)
+    if hasattr(data, "ptr"):  # CuPy
+        return data.ptr
+    return int(a.__cuda_array_interface__["data"][0])
+
+
 def array_kind(a) -> str:
     """'bfloat16', 'float16' or 'float32' for a NumPy, CuPy or PyTorch array (else its
     dtype's name): torch's dtypes are not NumPy's, and NumPy has no bfloat16."""

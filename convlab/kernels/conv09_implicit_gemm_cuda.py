@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, picked_launcher
+from ._launch import device_pointer as _ptr
 
 CUDA_SOURCE = r"""
 // Implicit-GEMM convolution, NCHW float32. Y[k, j] = sum_l A[l, k] * B[l, j],
@@ -301,17 +302,6 @@ def _module(configs):
 def prepare(configs=CANDIDATES):
     """Compile every configuration in one NVRTC call (the first launch would otherwise)."""
     _module(configs)
-
-
-def _ptr(a) -> int:
-    """Device address of a Numba, CuPy or PyTorch array (no copy, no synchronization)."""
-    p = getattr(a, "device_ctypes_pointer", None)  # Numba
-    if p is not None:
-        return p.value or 0
-    data = getattr(a, "data", None)
-    if hasattr(data, "ptr"):  # CuPy
-        return data.ptr
-    return int(a.__cuda_array_interface__["data"][0])
 
 
 _PLANS: dict = {}

@@ -33,9 +33,9 @@ import numpy as np
 from ._launch import Unsupported, ceil_div, launcher
 from ._launch import array_kind as _kind
 from ._launch import check_array as _check
+from ._launch import device_pointer as _ptr
 from ._launch import sm_count as _sm_count
 from ._nvrtc import nvrtc_ptx
-from .wmma01_gemm_cuda import _ptr
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "wgmma_tma.cu"
 ARCH = "compute_90a"

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, launcher
+from ._launch import device_pointer as _ptr
 
 CUDA_SOURCE = r"""
 // Warp matrix multiply-accumulate, m16n16k16, fp16 inputs, fp32 accumulators, in PTX.
@@ -543,19 +544,6 @@ def compile_ptx(configs=(GEMM_DEFAULT, CONV_DEFAULT), arch: str = "compute_80") 
 
 # ----------------------------------------------------------------------------------------
 # Launchers
-
-
-def _ptr(a) -> int:
-    """Device address of a Numba, CuPy or PyTorch array (no copy)."""
-    p = getattr(a, "device_ctypes_pointer", None)  # Numba
-    if p is not None:
-        return p.value or 0
-    if hasattr(a, "data_ptr"):  # torch
-        return a.data_ptr()
-    data = getattr(a, "data", None)
-    if hasattr(data, "ptr"):  # CuPy
-        return data.ptr
-    return int(a.__cuda_array_interface__["data"][0])
 
 
 def _dtype(a) -> np.dtype:
