@@ -8,10 +8,7 @@ of the kernels whose C cannot run under the Numba simulator.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import importlib.util
-import subprocess
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,12 +24,16 @@ def assert_close_to_reference(out, x, w, rtol: float = 1e-5, **kw) -> None:
     assert comp.ok, comp.summary()
 
 
-def prelude() -> str:
+def _wmma_emulate():
     path = ROOT / "tools" / "wmma_emulate.py"
     spec = importlib.util.spec_from_file_location("wmma_emulate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.PRELUDE + r"""
+    return mod
+
+
+def prelude() -> str:
+    return _wmma_emulate().PRELUDE + r"""
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 """
@@ -40,15 +41,6 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 
 def build_cpu_library(source: str) -> ctypes.CDLL:
     """`source` (kernels + extern "C" wrappers calling run_grid) after the prelude, as a
-    shared library (cached by content in the temp dir)."""
-    src = prelude() + "\n" + source
-    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-    so = Path(tempfile.gettempdir()) / f"convlab_cpu_{tag}.so"
-    if not so.exists():
-        cpp = so.with_suffix(".cpp")
-        cpp.write_text(src)
-        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w",
-                            str(cpp), "-o", str(so)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(r.stderr[-3000:])
-    return ctypes.CDLL(str(so))
+    shared library (`wmma_emulate.compile_library`: cached by content in the temp dir)."""
+    return _wmma_emulate().compile_library(prelude() + "\n" + source, "convlab_cpu",
+                                           flags=("-O1", "-pthread"))

@@ -48,11 +48,8 @@ arrival the waiting side runs first, so a slot released too early is overwritten
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import re
-import subprocess
 import sys
-import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -480,18 +477,14 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def compile_library(src: str, stem: str, workdir=None) -> ctypes.CDLL:
-    """g++ -shared of `src` (cached by content in workdir or the temp dir)."""
-    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-    work = Path(workdir or tempfile.gettempdir())
-    so = work / f"{stem}_{tag}.so"
-    if not so.exists():
-        cpp = work / f"{stem}_{tag}.cpp"
-        cpp.write_text(src)
-        r = subprocess.run(["g++", "-std=c++20", OPT, "-shared", "-fPIC", "-w", str(cpp),
-                            "-o", str(so)], capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(r.stderr[-4000:])
-    return ctypes.CDLL(str(so))
+    """g++ -shared of `src` at OPT, cached by content (`wmma_emulate.compile_library`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wmma_emulate",
+                                                  ROOT / "tools" / "wmma_emulate.py")
+    wm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wm)
+    return wm.compile_library(src, stem, workdir, flags=(OPT,))
 
 
 class Emulator:

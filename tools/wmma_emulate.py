@@ -130,6 +130,22 @@ void run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned nt, F body) {
 """
 
 
+def compile_library(src: str, stem: str, workdir=None,
+                    flags=("-O1", "-pthread", "-DCONVLAB_EMULATE")) -> ctypes.CDLL:
+    """g++ -shared of `src` (C++20, `flags`), cached by content in workdir or the temp dir."""
+    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
+    work = Path(workdir or tempfile.gettempdir())
+    so = work / f"{stem}_{tag}.so"
+    if not so.exists():
+        cpp = work / f"{stem}_{tag}.cpp"
+        cpp.write_text(src)
+        r = subprocess.run(["g++", "-std=c++20", *flags, "-shared", "-fPIC", "-w", str(cpp),
+                            "-o", str(so)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(r.stderr[-4000:])
+    return ctypes.CDLL(str(so))
+
+
 def _load_kernels():
     """The kernel module without importing convlab.kernels (which imports numba)."""
     import importlib.util
@@ -169,19 +185,7 @@ def build(gemm_cfgs, conv_cfgs, workdir=None):
                  " 1, 1, 256, [=] { if (half) pack_filters<true>(w, wt, K, C, R, S, Cp, Kp); "
                  "else pack_filters<false>(w, wt, K, C, R, S, Cp, Kp); }); }")
     lines.append("}")
-    src = "\n".join(lines)
-    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-    work = Path(workdir or tempfile.gettempdir())
-    so = work / f"wmma_emulate_{tag}.so"
-    if not so.exists():
-        cpp = work / f"wmma_emulate_{tag}.cpp"
-        cpp.write_text(src)
-        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC",
-                            "-DCONVLAB_EMULATE", "-w", str(cpp), "-o", str(so)],
-                           capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(r.stderr[-4000:])
-    return ctypes.CDLL(str(so)), wm
+    return compile_library("\n".join(lines), "wmma_emulate", workdir), wm
 
 
 def _p(a):
@@ -291,19 +295,7 @@ def build_launchers(names, workdir=None):
                      f"const uint64_t* a) {{ g_late = 1; run_grid(gx, gy, gz, nt, [=] {{ "
                      f"{name}({call}); }}); }}")
     lines.append("}")
-    src = "\n".join(lines)
-    tag = hashlib.sha1(src.encode()).hexdigest()[:12]
-    work = Path(workdir or tempfile.gettempdir())
-    so = work / f"wmma_launch_{tag}.so"
-    if not so.exists():
-        cpp = work / f"wmma_launch_{tag}.cpp"
-        cpp.write_text(src)
-        r = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC",
-                            "-DCONVLAB_EMULATE", "-w", str(cpp), "-o", str(so)],
-                           capture_output=True, text=True)
-        if r.returncode:
-            raise RuntimeError(r.stderr[-4000:])
-    return ctypes.CDLL(str(so))
+    return compile_library("\n".join(lines), "wmma_launch", workdir)
 
 
 def fake_cupy():
