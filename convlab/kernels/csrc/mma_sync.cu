@@ -270,6 +270,17 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     };
 #endif
 
+    // Where this lane's ldmatrix rows start, per 16-deep step kk (slot 0, first tile): the
+    // i-th A tile and j-th B pair are 16 rows further (16 * LDS halves in every layout: the
+    // swizzle's XOR depends on the row only through row % 8 or row / 2 % 8, which a shift
+    // by 16 rows keeps), so the loop below adds constants only.
+    int a_off[BK / 16], b_off[BK / 16];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+        a_off[kk] = smem_off(wm * WM + (lane & 15), kk * 2 + (lane >> 4));
+        b_off[kk] = smem_off(wn * WN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
+    }
+
     auto compute_slab = [&](int slot) {
         const u16* as = As + slot * A_STAGE;
         const u16* bs = Bs + slot * B_STAGE;
@@ -278,11 +289,10 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
             unsigned af[MI][4], bf[NI / 2][4];
 #pragma unroll
             for (int i = 0; i < MI; ++i)   // rows lane % 16, k-half lane / 16
-                ldsm_x4(af[i], as + smem_off(wm * WM + i * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+                ldsm_x4(af[i], as + a_off[kk] + i * 16 * LDS);
 #pragma unroll
             for (int j = 0; j < NI / 2; ++j)  // two n8 tiles (b0, b1 each) per ldmatrix.x4
-                ldsm_x4(bf[j], bs + smem_off(wn * WN + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                             kk * 2 + ((lane >> 3) & 1)));
+                ldsm_x4(bf[j], bs + b_off[kk] + j * 16 * LDS);
 #pragma unroll
             for (int i = 0; i < MI; ++i)
 #pragma unroll
