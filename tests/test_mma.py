@@ -4,9 +4,12 @@
   and cp.async modelled as the PTX ISA defines them, every CUDA thread a fiber) on tiny
   odd shapes, GEMM and conv, directly and through the launchers, compared with float64
   NumPy; shared-memory addresses are checked for bounds, alignment and ldmatrix bank
-  conflicts, operand reads for bounds, the output for writes past its end.
+  conflicts, cp.async writes against ldmatrix reads for races (no barrier between them),
+  operand reads for bounds, the output for writes past its end. The scheduling switches
+  (fragment double buffering, per-thread pointers, serpentine order) run alone and
+  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused).
 - Planted bugs in its index logic (fragment order, swizzle, conv gather, masks, waits,
-  rasterization) make those checks fail.
+  barriers, slot reuse, fragment sets, pointers, rasterization) make those checks fail.
 - Every ladder step (sm_80 and sm_90) and every candidate (sm_90) compiles with NVRTC to
   PTX holding the instructions the lesson names.
 """
@@ -49,8 +52,19 @@ ASYNC_PAD = Cfg(32, 32, 32, 16, 16, STAGES=3, ASYNC=1, SWIZZLE=0)
 SWZ4 = Cfg(32, 32, 32, 16, 16, STAGES=4, ASYNC=1, SWIZZLE=1)        # 4-chunk rows: line XOR
 SWZ8 = Cfg(32, 32, 64, 16, 16, STAGES=3, ASYNC=1, SWIZZLE=1, GROUP_M=2)  # 8-chunk rows
 WIDE = Cfg(32, 64, 32, 32, 32, STAGES=3, ASYNC=1, SWIZZLE=1)        # MI = 2, NI = 4
+# the scheduling switches, alone and together, at BK 32 / 64 and 3 / 4 stages
+FP32 = Cfg(32, 32, 32, 16, 16, STAGES=3, FRAG_PIPE=1)
+FP64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2)
+FP_PAD = Cfg(32, 32, 32, 16, 16, STAGES=4, SWIZZLE=0, FRAG_PIPE=1)
+GP32 = Cfg(32, 32, 32, 16, 16, STAGES=4, GPTR=1)
+GP64 = Cfg(32, 32, 64, 16, 16, STAGES=3, GPTR=1)                    # 2 chunks per operand
+BOTH32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1)     # 2 A, 4 B chunks
+BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1)
+SERP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, SERPENTINE=1)
+SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
+LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
 CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
     ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
@@ -64,8 +78,9 @@ def _unique(cfgs):
 
 GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
-              + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)])
-CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8)]
+              + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
+              + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)])
+CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])])  # the launcher's
 
 
@@ -104,10 +119,11 @@ def test_gemm_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if s.conv:
             continue
-        for late in (False, True):
-            err = E.gemm_case(emu, i, *GEMM_SHAPE, rng, late)
+        shapes = (GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED else (GEMM_SHAPE,)
+        for shape, late in itertools.product(shapes, (False, True)):
+            err = E.gemm_case(emu, i, *shape, rng, late)
             if v := _verdict(emu, err, s):
-                bad.append(f"{s.cfg} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
+                bad.append(f"{s.cfg} {shape} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
     assert not bad, "\n".join(bad)
 
 
@@ -220,9 +236,10 @@ MUTANTS = {
                                        "v0 = acc[i][j][2 * h + 1], v1 = acc[i][j][2 * h]",
                                        Spec(SWZ4), None),
     "fp16 halves packed the wrong way": ('"f"(v1), "f"(v0)', '"f"(v0), "f"(v1)', F16OUT, None),
-    "one cp.async group too few waited for": ("cp_async_wait<STAGES - 2>();",
-                                              "cp_async_wait<STAGES - 1>();", Spec(ASYNC_PAD),
-                                              None),
+    "one cp.async group too few waited for": (
+        "cp_async_wait<STAGES - 2>();\n        __syncthreads();   // slab kt landed",
+        "cp_async_wait<STAGES - 1>();\n        __syncthreads();   // slab kt landed",
+        Spec(ASYNC_PAD), None),
     "group size not clipped": ("min(nbm - first_m, GROUP_M)", "GROUP_M", Spec(SWZ8), None),
     "no barrier between the wait and the reads": ("__syncthreads();   // slab kt landed",
                                                   "/* */   // slab kt landed", Spec(ASYNC_PAD),
@@ -233,6 +250,39 @@ MUTANTS = {
     "a barrier only one warp reaches": (
         "store_slab((kt + 1) & 1);\n        __syncthreads();",
         "store_slab((kt + 1) & 1);\n        if (tid < 32) __syncthreads();", Spec(REGS_PAD), None),
+    "next slab's first fragments from the old slot": (
+        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0)",
+        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, 0)", Spec(FP32), None),
+    "mma.sync on the fragment set being loaded": (
+        "mma_step(af[kk & 1], bf[kk & 1]);", "mma_step(af[(kk + 1) & 1], bf[(kk + 1) & 1]);",
+        Spec(FP64), None),
+    "no barrier at the slab boundary": ("__syncthreads();   // slab kt + 1 landed",
+                                        "/* */   // slab kt + 1 landed", Spec(BOTH32), None),
+    "slab boundary waits for one group too few": (
+        "cp_async_wait<STAGES - 2>();\n                __syncthreads();   // slab kt + 1",
+        "cp_async_wait<STAGES - 1>();\n                __syncthreads();   // slab kt + 1",
+        Spec(FP64), None),
+    "copies into the slot of slab kt - 1 before the barrier": (
+        "cp_async_wait<STAGES - 2>();\n        __syncthreads();   // slab kt landed for everyone;"
+        " slot (kt-1) % STAGES is free\n        int next = kt + STAGES - 1;\n"
+        "        if (next < KT) load_slab(next % STAGES, next);\n",
+        "int next = kt + STAGES - 1;\n        if (next < KT) load_slab(next % STAGES, next);\n"
+        "        cp_async_wait<STAGES - 2>();\n        __syncthreads();\n", Spec(SWZ4), None),
+    "fragment pipeline: slot of slab kt - 1 taken after the update": (
+        "wr = rd;\n                rd = nx;", "rd = nx;\n                wr = rd;", Spec(BOTH64),
+        None),
+    "next slab's fragments read before the boundary barrier": (
+        "__syncthreads();   // slab kt + 1 landed; nobody reads slot rd any more\n"
+        "                const int nx = rd + 1 == STAGES ? 0 : rd + 1;\n"
+        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);",
+        "const int nx = rd + 1 == STAGES ? 0 : rd + 1;\n"
+        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);\n"
+        "                __syncthreads();", Spec(FP32), None),
+    "per-thread pointers not advanced": ("ag += BK;", "", Spec(GP64), None),
+    "per-thread pointers: Kd tail not checked": (
+        "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
+    "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
+                                              "const bool ok = kin;", Spec(GP64), None),
 }
 
 
@@ -247,7 +297,8 @@ def test_emulator_catches_planted_bugs(emu):
         assert spec.conv == (case is not None), name
         i = len(REAL) + k
         if case is None:
-            err = E.gemm_case(emu, i, *GEMM_SHAPE, rng, late=True)
+            shape = LONG_SHAPE if spec.cfg in SCHED else GEMM_SHAPE
+            err = E.gemm_case(emu, i, *shape, rng, late=True)
         else:
             err = E.conv_case(emu, i, *CONV_CASES[case], rng, late=True)
         if not _verdict(emu, err, spec):
@@ -302,3 +353,25 @@ def test_every_ladder_step_and_candidate_compiles_to_ptx():
     for cfg in _unique(M2.CONV_CANDIDATES):
         _check_ptx(M2.compile_ptx(cfg, "compute_90", conv=True), cfg)
     _check_ptx(M2.compile_ptx(M2.GEMM_DEFAULT, "compute_90", bf16=True), M2.GEMM_DEFAULT, True)
+
+
+@needs_nvrtc
+def test_scheduling_switches_compile_to_ptx():
+    """FRAG_PIPE, GPTR, SERPENTINE alone and together on the H200 tiles (sm_90), the
+    combination on sm_80 and in the conv (where GPTR has no effect)."""
+    from dataclasses import replace
+
+    tiles = (replace(M2.STEP3, STAGES=4), replace(M2.STEP3, BK=64, STAGES=3),
+             replace(M2.STEP3, BN=256, STAGES=3))
+    combos = (dict(FRAG_PIPE=1), dict(GPTR=1), dict(SERPENTINE=1),
+              dict(FRAG_PIPE=1, GPTR=1, SERPENTINE=1))
+    for tile, kw in itertools.product(tiles, combos):
+        cfg = replace(tile, **kw)
+        _check_ptx(M2.compile_ptx(cfg, "compute_90"), cfg)
+    both = replace(tiles[0], FRAG_PIPE=1, GPTR=1)
+    _check_ptx(M2.compile_ptx(both, "compute_80"), both)
+    _check_ptx(M2.compile_ptx(both, "compute_90", conv=True), both)
+    with pytest.raises(ValueError, match="FRAG_PIPE"):
+        replace(M2.STEP1, FRAG_PIPE=1).validate()
+    with pytest.raises(ValueError, match="GPTR needs whole chunks"):
+        replace(M2.STEP3, BK=48, SWIZZLE=0, GPTR=1).validate()

@@ -22,7 +22,12 @@ and no other inline assembly may be left. For mma_sync.cu:
   lane computes its own four outputs, so a wrong register order shows as a wrong answer;
 - ``cp.async.cg`` 16 bytes with src-size 0 writes zeros and reads nothing; copies land at
   issue ("early") or only at the ``cp.async.wait_group`` that guarantees them ("late");
-  sources must lie inside the operands, 16-byte aligned; ``cvt.rn.f16x2.f32 d, a, b``
+  sources must lie inside the operands, 16-byte aligned. Races are checked apart from the
+  order a run takes (its warps move almost in lockstep): a copy is in flight from its
+  issue to the wait_group that completes it, and a read of that 16-byte unit by another
+  thread with no ``__syncthreads`` between (or by the issuing thread before its wait), or
+  a copy onto a unit another thread read since the last barrier, is a fault;
+  ``cvt.rn.f16x2.f32 d, a, b``
   puts a in the high half of d and b in the low half.
 
 Blocks run one after the other; a block's CUDA threads are fibers (ucontext) of one OS
@@ -86,7 +91,7 @@ inline size_t __cvta_generic_to_shared(const void* p) { return (size_t)p; }
 
 namespace emu {
 typedef unsigned short u16;
-struct Copy { void* dst; const void* src; bool valid; };
+struct Copy { void* dst; const void* src; bool valid; bool landed; long long id; };
 struct WgOp { float* d; unsigned long long da, db; int scale_d, n, serial; };  // a wgmma
 struct Fiber {    // one CUDA thread
     ucontext_t ctx;
@@ -149,17 +154,58 @@ inline bool in_operand(const void* p, size_t n) {
 inline void land(const Copy& c) {
     if (c.valid) std::memcpy(c.dst, c.src, 16); else std::memset(c.dst, 0, 16);
 }
+// Races between cp.async writes and ldmatrix reads of shared memory, per 16-byte unit, by
+// barrier intervals (block_bar.gen: the __syncthreads passed so far). A copy is in flight
+// from its issue until the wait_group that completes it; another thread's read in an
+// interval in which the copy was in flight, a copy issued in an interval in which another
+// thread read the unit (or wrote it), or a thread's read of its own copy before its
+// wait_group, is a race: no barrier orders them, whatever order this run took.
+struct Unit { int writer = -1, reader = -1; long long id = 0; unsigned w_to = 0, r_gen = ~0u;
+              bool open = false, readers = false; };
+std::vector<Unit> units;
+long long copy_ids = 0;
+inline Unit* unit_of(const void* p) {
+    size_t i = ((uintptr_t)p - (uintptr_t)smem) / 16;
+    return i < units.size() ? &units[i] : nullptr;
+}
+inline void note_write(Copy& c) {
+    Unit* u = unit_of(c.dst);
+    const int me = threadIdx.x;
+    const unsigned g = block_bar.gen;
+    if (u->r_gen == g && (u->reader != me || u->readers)) ++errors;
+    if (u->writer >= 0 && u->writer != me && (u->open || u->w_to == g)) ++errors;
+    c.id = ++copy_ids;
+    u->writer = me; u->id = c.id; u->open = true;
+}
+inline void note_done(const Copy& c) {
+    Unit* u = unit_of(c.dst);
+    if (u->id == c.id) { u->open = false; u->w_to = block_bar.gen; }
+}
+inline void note_read(const void* p) {
+    Unit* u = unit_of(p);
+    const int me = threadIdx.x;
+    const unsigned g = block_bar.gen;
+    if (!u) return;
+    if (u->writer >= 0 && (u->open || (u->writer != me && u->w_to == g))) ++errors;
+    if (u->r_gen != g) { u->r_gen = g; u->reader = me; u->readers = false; }
+    else if (u->reader != me) u->readers = true;
+}
 inline void cp_async16(void* dst, const void* src, bool valid) {
     if (!in_smem(dst, 16) || ((uintptr_t)dst & 15)) { ++errors; return; }
     if (valid && (!in_operand(src, 16) || ((uintptr_t)src & 15))) { ++errors; return; }
-    Copy c{dst, src, valid};
-    if (late) cur->open.push_back(c); else land(c);
+    Copy c{dst, src, valid, !late, 0};
+    note_write(c);
+    if (!late) land(c);
+    cur->open.push_back(c);
 }
 inline void commit() { cur->groups.push_back(cur->open); cur->open.clear(); }
 inline void wait(int n) {
     auto& gs = cur->groups;
     while ((int)gs.size() > n) {
-        for (auto& c : gs.front()) land(c);
+        for (auto& c : gs.front()) {
+            if (!c.landed) land(c);
+            note_done(c);
+        }
         gs.erase(gs.begin());
     }
 }
@@ -193,6 +239,7 @@ inline void ldsm_x4(unsigned* r, const u16* p) {
     Exchange& x = deposit(1);
     x.addr[lane] = p;
     if (!in_smem(p, 16) || (((uintptr_t)p - (uintptr_t)smem) & 15)) ++errors;
+    else note_read(p);
     meet(x);
     const u16* rows[32];
     for (int l = 0; l < 32; ++l) rows[l] = x.addr[l];
@@ -264,6 +311,7 @@ int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const lo
         std::fill(buf.begin(), buf.end(), (u16)0xFFFF);
         smem = base + guard; smem_bytes = smem_bytes_;
         if (on_block) on_block();
+        units.assign(smem_bytes_ / 16, Unit{});
         block = {bx, by, 0};
         block_bar = Bar{(int)nt};
         warps.assign(nt / 32, Warp{});

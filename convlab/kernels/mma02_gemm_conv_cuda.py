@@ -38,7 +38,8 @@ PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 
 @dataclass(frozen=True)
 class MmaConfig:
-    """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches."""
+    """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
+    scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only)."""
 
     BM: int = 128
     BN: int = 128
@@ -49,6 +50,9 @@ class MmaConfig:
     ASYNC: int = 1
     SWIZZLE: int = 1
     GROUP_M: int = 8
+    FRAG_PIPE: int = 0
+    GPTR: int = 0
+    SERPENTINE: int = 0
 
     @property
     def threads(self) -> int:
@@ -65,6 +69,14 @@ class MmaConfig:
             raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
         if not self.ASYNC and self.STAGES != 2:
             raise ValueError(f"{self}: register staging uses STAGES=2")
+        if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE) and not self.ASYNC:
+            raise ValueError(f"{self}: FRAG_PIPE, GPTR and SERPENTINE need ASYNC=1")
+        if self.FRAG_PIPE and ((self.BK // 16) % 2 or (self.SWIZZLE and self.BK > 64)):
+            raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 even (and BK <= 64 swizzled)")
+        if self.GPTR and (self.threads % (self.BK // 8)
+                          or self.BM * (self.BK // 8) % self.threads
+                          or self.BN * (self.BK // 8) % self.threads):
+            raise ValueError(f"{self}: GPTR needs whole chunks per thread, one column each")
         if self.smem_bytes() > 227 * 1024:
             raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
         return self
@@ -72,14 +84,17 @@ class MmaConfig:
     def defines(self, **extra) -> tuple:
         vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
-                    GROUP_M=self.GROUP_M, **extra)
+                    GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
+                    SERPENTINE=self.SERPENTINE, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
         load = f"cp.async s{self.STAGES}" if self.ASYNC else "regs s2"
         return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
-                + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else ""))
+                + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
+                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE")
+                          if getattr(self, k)))
 
 
 STEP1 = MmaConfig(STAGES=2, ASYNC=0, SWIZZLE=0)

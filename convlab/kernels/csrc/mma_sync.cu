@@ -18,6 +18,15 @@
 //   CONV=1     A is gathered from an NHWC input (implicit GEMM: row m = output pixel
 //              (n, p, q), column kd = (r, s, c)); padding comes from zero-filled copies
 //   OUT_F16=1  C stored as fp16 (else fp32)
+// and three scheduling switches (ASYNC=1 only; off by default):
+//   FRAG_PIPE=1  two sets of fragment registers: the ldmatrix of step kk + 1 is issued
+//                before the mma.sync of step kk, across slab boundaries too (the wait and
+//                the barrier move to just before the last step's mma.sync); BK 32 or 64
+//   GPTR=1       GEMM loads from per-thread pointers and row masks computed once, advanced
+//                by BK per slab: no multiply or row check per chunk, only the Kd tail
+//                check (ignored with CONV=1, whose gather has its own per-row state)
+//   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
+//                mma.sync share their B fragment
 // Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
 
 #ifndef BM
@@ -56,6 +65,16 @@
 #ifndef GROUP_M
 #define GROUP_M 8
 #endif
+#ifndef FRAG_PIPE
+#define FRAG_PIPE 0
+#endif
+#ifndef GPTR
+#define GPTR 0
+#endif
+#ifndef SERPENTINE
+#define SERPENTINE 0
+#endif
+#define USE_GPTR (GPTR && !CONV)
 
 typedef unsigned short u16;  // fp16 / bf16 bits
 
@@ -80,6 +99,12 @@ static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block");
 static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "mma tiles are 16 x 8 x 16");
 static_assert(!SWIZZLE || KCH >= 4, "the swizzle needs rows of at least 64 bytes");
 static_assert(ASYNC || STAGES == 2, "register staging uses two buffers");
+static_assert(!FRAG_PIPE || (ASYNC && (BK / 16) % 2 == 0 && (!SWIZZLE || BK <= 64)),
+              "fragment double buffering: cp.async, an even number of 16-deep steps, and "
+              "BK <= 64 with the swizzle");
+static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
+                            B_CHUNKS % NTHREADS == 0),
+              "per-thread pointers: cp.async, every thread the same column in every chunk");
 
 // Offset (in halves) of 16-byte chunk c of shared-memory row r.
 __device__ __forceinline__ int smem_off(int r, int c) {
@@ -209,7 +234,43 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     };
 #endif
 
-#if ASYNC
+#if USE_GPTR
+    // Chunk j of this thread is row r0 + j * RSTEP, column c8 of the slab, in A and in B
+    // (NTHREADS % KCH == 0): one pointer per operand, advanced by BK per slab, the rows
+    // past M / N as bits of a mask, the same stride Kd * RSTEP for both operands.
+    constexpr int RSTEP = NTHREADS / KCH;
+    const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
+    const int gstep = RSTEP * pb.Kd;
+    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
+    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
+    unsigned amask = 0, bmask = 0;
+#pragma unroll
+    for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
+#pragma unroll
+    for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
+    // shared offsets: rows 16 apart keep the swizzle's XOR (see a_off below)
+    const int s0 = smem_off(r0, tid % KCH);
+    auto s_at = [&](int j) {
+        return RSTEP % 16 == 0 ? s0 + j * RSTEP * LDS : smem_off(r0 + j * RSTEP, tid % KCH);
+    };
+    auto load_slab = [&](int slot, int kt) {
+        const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            const bool ok = kin && ((amask >> j) & 1);
+            cp_async16(As + slot * A_STAGE + s_at(j),
+                       ok ? ag + j * gstep : A, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) {
+            const bool ok = kin && ((bmask >> j) & 1);
+            cp_async16(Bs + slot * B_STAGE + s_at(j),
+                       ok ? bg + j * gstep : B, ok);
+        }
+        ag += BK;
+        bg += BK;
+    };
+#elif ASYNC
     auto load_slab = [&](int slot, int kt) {
 #pragma unroll
         for (int j = 0; j < A_PER; ++j) {
@@ -280,28 +341,91 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         a_off[kk] = smem_off(wm * WM + (lane & 15), kk * 2 + (lane >> 4));
         b_off[kk] = smem_off(wn * WN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
     }
+#if FRAG_PIPE
+    // Step kk reads chunk 2 kk (+ the lane's half) of its rows: the swizzle XORs the chunk
+    // index with 2 kk, the padding adds it, so one offset per lane and operand serves every
+    // kk (fewer live registers beside the second set of fragments). The XOR goes on the
+    // address, after the slot's base: it flips bits 5 and 6 only (BK <= 64), inside the
+    // 128-byte lines the stages are aligned to.
+    auto frag_base = [&](const u16* stage, int off0, int kk) {
+        const u16* p = stage + off0;
+        return SWIZZLE ? (const u16*)((size_t)p ^ (size_t)(kk * 32)) : p + kk * 16;
+    };
+#else
+    auto frag_base = [&](const u16* stage, int off0, int kk) { return stage + off0; };
+#endif
 
+    // one 16-deep step: fragments of step kk of a slot, then MI x NI mma.sync on them
+    auto load_frags = [&](unsigned (&af)[MI][4], unsigned (&bf)[NI / 2][4], int slot, int kk) {
+        const u16* as = frag_base(As + slot * A_STAGE, FRAG_PIPE ? a_off[0] : a_off[kk], kk);
+        const u16* bs = frag_base(Bs + slot * B_STAGE, FRAG_PIPE ? b_off[0] : b_off[kk], kk);
+#pragma unroll
+        for (int i = 0; i < MI; ++i)   // rows lane % 16, k-half lane / 16
+            ldsm_x4(af[i], as + i * 16 * LDS);
+#pragma unroll
+        for (int j = 0; j < NI / 2; ++j)  // two n8 tiles (b0, b1 each) per ldmatrix.x4
+            ldsm_x4(bf[j], bs + j * 16 * LDS);
+    };
+    auto mma_step = [&](const unsigned (&af)[MI][4], const unsigned (&bf)[NI / 2][4]) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int jj = 0; jj < NI; ++jj) {
+                const int j = (SERPENTINE && (i & 1)) ? NI - 1 - jj : jj;
+                mma16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+            }
+    };
     auto compute_slab = [&](int slot) {
-        const u16* as = As + slot * A_STAGE;
-        const u16* bs = Bs + slot * B_STAGE;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
             unsigned af[MI][4], bf[NI / 2][4];
-#pragma unroll
-            for (int i = 0; i < MI; ++i)   // rows lane % 16, k-half lane / 16
-                ldsm_x4(af[i], as + a_off[kk] + i * 16 * LDS);
-#pragma unroll
-            for (int j = 0; j < NI / 2; ++j)  // two n8 tiles (b0, b1 each) per ldmatrix.x4
-                ldsm_x4(bf[j], bs + b_off[kk] + j * 16 * LDS);
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j)
-                    mma16816(acc[i][j], af[i], bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]);
+            load_frags(af, bf, slot, kk);
+            mma_step(af, bf);
         }
     };
 
-#if ASYNC
+#if FRAG_PIPE
+    // The copies run as in the plain loop (slab kt + STAGES - 1 issued at the start of slab
+    // kt, into the slot of slab kt - 1); slab kt + 1 is waited for in the last step of slab
+    // kt, whose fragments are then already in registers:
+    //  - wait_group STAGES - 2, then the barrier: this thread's copies of slab kt + 1 have
+    //    landed (slabs kt + 2 .. kt + STAGES - 1 may be in flight), after it everyone's;
+    //  - every warp issues its last ldmatrix of slot rd (slab kt) in step BK/16 - 2, before
+    //    that barrier, and the copies of slab kt + STAGES into slot rd come after it (at
+    //    the start of slab kt + 1), so no warp can still be reading a slot being written;
+    //  - the copies are issued while one fragment set is dead (the other holds step 0).
+    unsigned af[2][MI][4], bf[2][NI / 2][4];
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_slab(s, s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();   // slab 0 landed for everyone
+    load_frags(af[0], bf[0], 0, 0);
+    int rd = 0, wr = STAGES - 1;   // slots of slab kt and of slab kt - 1
+    for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            if (kk == 0) {
+                if (kt + STAGES - 1 < KT) load_slab(wr, kt + STAGES - 1);
+                cp_async_commit();
+            }
+            if (kk == BK / 16 - 1) {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();   // slab kt + 1 landed; nobody reads slot rd any more
+                const int nx = rd + 1 == STAGES ? 0 : rd + 1;
+                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);
+                wr = rd;
+                rd = nx;
+            } else {
+                load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, kk + 1);
+            }
+            mma_step(af[kk & 1], bf[kk & 1]);
+        }
+    }
+    cp_async_wait<0>();
+#elif ASYNC
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) load_slab(s, s);
