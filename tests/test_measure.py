@@ -250,6 +250,20 @@ def test_fake_clock_runs_each_timed_function_once():
     assert [r["bytes"] for r in rows] == [4096, 65536] and "h2d_pinned" in rows[0]
 
 
+def test_fake_clock_runs_a_closure_timed_twice_only_once():
+    clock = FakeClock(ms=2.0)
+    ran = []
+
+    def step():
+        ran.append(len(ran))
+
+    for timer in (clock.time_gpu, clock.queued, clock.time_call, clock.seconds):
+        timer(step)
+    other = FakeClock()
+    other.queued(step)  # another clock (another dry run) runs it again
+    assert ran == [0, 1] and clock.calls == 4 and other.calls == 1
+
+
 def test_lesson_refuses_a_real_clock_under_the_simulator():
     with pytest.raises(bench.SimulatorTimingError, match="convlab.measure"):
         measure.lesson("06")
