@@ -28,10 +28,13 @@ from convlab.measure.lessons12_13 import rtol_for  # noqa: E402
 
 TILES = {"128x128x32 s4": replace(MM.STEP3, BK=32, STAGES=4),
          "128x128x64 s3": replace(MM.STEP3, BK=64, STAGES=3),
-         "128x256x32 s3": replace(MM.STEP3, BN=256, BK=32, STAGES=3)}
+         "128x256x32 s3": replace(MM.STEP3, BN=256, BK=32, STAGES=3),
+         "128x256x32 s4": replace(MM.STEP3, BN=256, BK=32, STAGES=4),
+         "256x128x32 s3": replace(MM.STEP3, BM=256, BK=32, STAGES=3)}
 SWITCHES = {"baseline": {}, "FRAG_PIPE": dict(FRAG_PIPE=1), "GPTR": dict(GPTR=1),
             "both": dict(FRAG_PIPE=1, GPTR=1),
-            "both+serp": dict(FRAG_PIPE=1, GPTR=1, SERPENTINE=1)}
+            "both+serp": dict(FRAG_PIPE=1, GPTR=1, SERPENTINE=1),
+            "FRAG_PIPE f16 out": dict(FRAG_PIPE=1, OUT16=True)}  # C in fp16, as cuBLAS writes
 BUDGET_S = float(os.environ.get("BUDGET_S", 80))   # variants not started after this: skipped
 
 
@@ -42,21 +45,25 @@ def run_size(ctx, n):
     exp, absref = TC._reference(a, bt)
     tol, flops = rtol_for("fp32", n), 2 * n**3
     out = torch.empty(n, n, device="cuda", dtype=torch.float32)
+    o16 = torch.empty(n, n, device="cuda", dtype=torch.float16)
     rows = []
 
-    def variant(tile, sw, cfg):
+    def variant(tile, sw, cfg, half):
         name = f"{tile} {sw}"
-        run = lambda: MM.gemm_mma_raw(a, bt, out, cfg)  # noqa: E731
+        c, t = (o16, rtol_for("fp16", n)) if half else (out, tol)
+        run = lambda: MM.gemm_mma_raw(a, bt, c, cfg)  # noqa: E731
         return dict(tile=tile, switches=sw, config=str(cfg), **TC._check_then_time(
-            ctx, name, run, out, exp, absref, tol, flops))
+            ctx, name, run, c, exp, absref, t, flops))
 
     for tile, base in TILES.items():
         for sw, kw in SWITCHES.items():
             if ctx.elapsed() > BUDGET_S:
                 rows.append(dict(name=f"{tile} {sw}", error="skipped (time budget)"))
                 continue
-            TC._try(rows, f"{tile} {sw}",
-                    lambda tile=tile, sw=sw, cfg=replace(base, **kw): variant(tile, sw, cfg))
+            kw = dict(kw)
+            half = kw.pop("OUT16", False)
+            TC._try(rows, f"{tile} {sw}", lambda tile=tile, sw=sw, cfg=replace(base, **kw),
+                    half=half: variant(tile, sw, cfg, half))
     TC._try(rows, "cuBLAS fp16", lambda: TC._library_row(ctx, "cuBLAS fp16", lambda: a @ bt.T,
                                                          flops, "fp16"))
     TC._pct(rows, "cuBLAS fp16")
