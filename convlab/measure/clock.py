@@ -83,6 +83,12 @@ class FakeClock(GpuClock):
         self.calls = 0
         self._ran = weakref.WeakSet()  # argument-free functions already run
 
+    def __getstate__(self):  # to worker processes (autotune): without the functions run here
+        return {k: v for k, v in self.__dict__.items() if k != "_ran"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _ran=weakref.WeakSet())
+
     def _once(self, fn, *args, warmup=None, repeat=None, group_ms=None, calls=None,
               **kwargs) -> bench.Timing:
         if args or kwargs or fn not in self._ran:
