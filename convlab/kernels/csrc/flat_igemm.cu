@@ -1,0 +1,244 @@
+// Implicit GEMM over the flat reduction index, filters read in place, NCHW float32:
+//   y[n, k, p, q] = sum_l A[k, l] * B[l, j],  A = w as the (K, L) row-major matrix it is
+//   (L = C*R*S, l = (c R + r) S + s), j = (n, p, q) an output pixel, B gathered from x.
+// No weight transform, no memset, no second kernel: one launch per convolution.
+// MODE 0: 1x1, no padding: B[c, j] = x[n, c, p sh, q sw] (contiguous rows for stride 1).
+// MODE 1: anything else: B[l, j] = x[n, c, p sh - ph + r dh, q sw - pw + s dw], zero outside.
+// A block computes BM filters x BN pixels (64 x 64, 32 x 64 or 32 x 32: 64 threads), a
+// thread TM x TN of them as (TM/4) x (TN/4) sub-blocks of 4 x 4, so its shared-memory
+// reads are float4s. Slabs of BK reduction indices; the next slab's global loads wait in registers
+// while this one is multiplied (two shared buffers, one barrier per slab).
+// Split-K (gridDim.z parts): part z reduces slabs [z T/Z, (z+1) T/Z) into its own slice of
+// ws (y's layout); the last part of a tile to finish (a counter per tile) adds the slices
+// in the order 0, 1, ..., Z-1 into y and resets the counter to zero for the next launch:
+// the result does not depend on which part finishes first (run-to-run reproducible).
+// flags: 1 = A rows as float4 (L % 4 == 0, w aligned), 2 = B rows as float4 (MODE 0,
+// stride 1, P*Q % 4 == 0, x aligned), 4 = y stored as float4 (P*Q % 4 == 0, y and ws aligned).
+
+#ifndef __CUDACC__  // compiled for the CPU by the tests (blocks run one after the other)
+inline void __threadfence() {}
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline float __ldcg(const float* p) { return *p; }
+inline float4 __ldcg(const float4* p) { return *p; }
+#endif
+
+#define BK 16
+
+template <int BM, int BN, int MODE>
+__global__ void __launch_bounds__((BM / (BM >= 64 ? 8 : 4)) * (BN / (BN >= 64 ? 8 : 4)))
+flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+           float* __restrict__ ws, int* __restrict__ counters,
+           int N, int C, int H, int W, int K, int R, int S, int P, int Q,
+           int sh, int sw, int ph, int pw, int dh, int dw, int slabs_per_part, int flags)
+{
+    constexpr int TM = BM >= 64 ? 8 : 4, TN = BN >= 64 ? 8 : 4;   // outputs per thread
+    constexpr int MH = TM / 4, NH = TN / 4;                         // 4 x 4 sub-blocks
+    constexpr int TXN = BN / TN;                                     // threads along pixels
+    constexpr int NT = (BM / TM) * TXN;
+    constexpr int A_F4 = BM * BK / 4 / NT;        // float4 pieces of A per thread per slab
+    constexpr int B_F4 = BK * BN / 4 / NT;
+    constexpr int B_ROWS = NT / (BN / 4);         // rows of a B slab loaded in one pass
+    static_assert(A_F4 * NT * 4 == BM * BK && B_F4 * NT * 4 == BK * BN, "tile vs threads");
+    static_assert(NT % (BN / 4) == 0, "a thread loads the same 4 pixels of every B row");
+
+    __shared__ __align__(16) float As[2][BK][BM];
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    __shared__ int s_last;
+
+    const int tid = threadIdx.x;
+    const int tx = tid % TXN, ty = tid / TXN;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int L = C * R * S, HW = H * W, PQ = P * Q, NPQ = N * PQ, RS = R * S;
+    const int T = (L + BK - 1) / BK;
+    const int t0 = blockIdx.z * slabs_per_part, t1 = min(T, t0 + slabs_per_part);
+    const bool a_vec = flags & 1, b_vec = flags & 2, y_vec = flags & 4;
+
+    // the 4 pixels (columns) this thread loads, fixed for the whole reduction
+    const int b_c4 = (tid % (BN / 4)) * 4, b_r = tid / (BN / 4);
+    int xoff[4], h0[4], w0[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int j = n0 + b_c4 + e;
+        const int img = j / PQ, pq = j - img * PQ, p = pq / Q, q = pq - p * Q;
+        h0[e] = p * sh - ph;
+        w0[e] = q * sw - pw;
+        xoff[e] = j < NPQ ? img * C * HW + (MODE == 0 ? h0[e] * W + w0[e] : 0) : -1;
+    }
+
+    float4 ra[A_F4], rb[B_F4];
+    auto fetch = [&](int t) {
+        const int l0 = t * BK;
+#pragma unroll
+        for (int i = 0; i < A_F4; ++i) {
+            const int idx = tid + i * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+            const int m = m0 + r, l = l0 + c;
+            const float* src = w + (size_t)m * L + l;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (m < K) {
+                if (a_vec && l + 3 < L) {
+                    v = *reinterpret_cast<const float4*>(src);
+                } else {
+                    if (l < L) v.x = src[0];
+                    if (l + 1 < L) v.y = src[1];
+                    if (l + 2 < L) v.z = src[2];
+                    if (l + 3 < L) v.w = src[3];
+                }
+            }
+            ra[i] = v;
+        }
+#pragma unroll
+        for (int i = 0; i < B_F4; ++i) {
+            const int l = l0 + b_r + i * B_ROWS;
+            float e4[4] = {0.f, 0.f, 0.f, 0.f};
+            if (l < L) {
+                if (MODE == 0) {
+                    if (b_vec) {
+                        if (xoff[0] >= 0) {
+                            const float4 v = *reinterpret_cast<const float4*>(
+                                x + xoff[0] + (size_t)l * HW);
+                            e4[0] = v.x; e4[1] = v.y; e4[2] = v.z; e4[3] = v.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            if (xoff[e] >= 0) e4[e] = x[xoff[e] + (size_t)l * HW];
+                    }
+                } else {
+                    const int c = l / RS, rs = l - c * RS, r = rs / S, s = rs - r * S;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = h0[e] + r * dh, ww = w0[e] + s * dw;
+                        if (xoff[e] >= 0 && (unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W)
+                            e4[e] = x[xoff[e] + c * HW + h * W + ww];
+                    }
+                }
+            }
+            rb[i] = make_float4(e4[0], e4[1], e4[2], e4[3]);
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_F4; ++i) {
+            const int idx = tid + i * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+            As[buf][c + 0][r] = ra[i].x;
+            As[buf][c + 1][r] = ra[i].y;
+            As[buf][c + 2][r] = ra[i].z;
+            As[buf][c + 3][r] = ra[i].w;
+        }
+#pragma unroll
+        for (int i = 0; i < B_F4; ++i)
+            *reinterpret_cast<float4*>(&Bs[buf][b_r + i * B_ROWS][b_c4]) = rb[i];
+    };
+
+    float acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int jj = 0; jj < TN; ++jj) acc[i][jj] = 0.0f;
+
+    if (t0 < t1) {
+        fetch(t0);
+        store(0);
+    }
+    __syncthreads();
+    for (int t = t0; t < t1; ++t) {
+        const int buf = (t - t0) & 1;
+        if (t + 1 < t1) fetch(t + 1);
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float a[TM], b[TN];
+#pragma unroll
+            for (int h = 0; h < MH; ++h) {
+                const float4 v = *reinterpret_cast<const float4*>(&As[buf][kk][h * (BM / MH) + ty * 4]);
+                a[4 * h] = v.x; a[4 * h + 1] = v.y; a[4 * h + 2] = v.z; a[4 * h + 3] = v.w;
+            }
+#pragma unroll
+            for (int g = 0; g < NH; ++g) {
+                const float4 v = *reinterpret_cast<const float4*>(&Bs[buf][kk][g * (BN / NH) + tx * 4]);
+                b[4 * g] = v.x; b[4 * g + 1] = v.y; b[4 * g + 2] = v.z; b[4 * g + 3] = v.w;
+            }
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int jj = 0; jj < TN; ++jj) acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
+        }
+        if (t + 1 < t1) store(buf ^ 1);
+        __syncthreads();
+    }
+
+    // epilogue: element (m, j) of y lives at (img K + m) PQ + pq; ws slices share the layout
+    const size_t n_out = (size_t)N * K * PQ;
+    const int parts = gridDim.z;
+    float* dst = parts > 1 ? ws + blockIdx.z * n_out : y;
+#pragma unroll
+    for (int g = 0; g < NH; ++g) {
+        const int jb = n0 + g * (BN / NH) + tx * 4;
+        if (jb >= NPQ) continue;
+        const int ib = jb / PQ, pb = jb - ib * PQ;
+        const bool vec = y_vec && jb + 3 < NPQ;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / MH) + ty * 4 + (i % 4);
+            if (m >= K) continue;
+            const float* v = &acc[i][4 * g];
+            if (vec) {
+                *reinterpret_cast<float4*>(&dst[((size_t)ib * K + m) * PQ + pb]) =
+                    make_float4(v[0], v[1], v[2], v[3]);
+            } else {
+                int im = ib, pp = pb;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (jb + e < NPQ) dst[((size_t)im * K + m) * PQ + pp] = v[e];
+                    if (++pp == PQ) { pp = 0; ++im; }
+                }
+            }
+        }
+    }
+    if (parts == 1) return;
+
+    // split-K: the last part of this tile to arrive sums the slices in a fixed order
+    __threadfence();           // this block's slice is visible to every block ...
+    __syncthreads();           // ... for all of its threads, before the counter moves
+    if (tid == 0) {
+        int* count = &counters[blockIdx.y * gridDim.x + blockIdx.x];
+        const int before = atomicAdd(count, 1);
+        s_last = before == parts - 1;
+        if (s_last) *count = 0;  // every part has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll
+    for (int g = 0; g < NH; ++g) {
+        const int jb = n0 + g * (BN / NH) + tx * 4;
+        if (jb >= NPQ) continue;
+        const int ib = jb / PQ, pb = jb - ib * PQ;
+        const bool vec = y_vec && jb + 3 < NPQ;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / MH) + ty * 4 + (i % 4);
+            if (m >= K) continue;
+            if (vec) {
+                const size_t o = ((size_t)ib * K + m) * PQ + pb;
+                float4 s = __ldcg(reinterpret_cast<const float4*>(ws + o));
+                for (int z = 1; z < parts; ++z) {
+                    const float4 u = __ldcg(reinterpret_cast<const float4*>(ws + z * n_out + o));
+                    s.x += u.x; s.y += u.y; s.z += u.z; s.w += u.w;
+                }
+                *reinterpret_cast<float4*>(&y[o]) = s;
+            } else {
+                int im = ib, pp = pb;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (jb + e < NPQ) {
+                        const size_t o = ((size_t)im * K + m) * PQ + pp;
+                        float s = __ldcg(ws + o);
+                        for (int z = 1; z < parts; ++z) s += __ldcg(ws + z * n_out + o);
+                        y[o] = s;
+                    }
+                    if (++pp == PQ) { pp = 0; ++im; }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+"""The implicit GEMM for small convolutions: one launch, filters read where they are.
+
+A 1x1 convolution is a GEMM straight on NCHW data: for each image, y (K x P*Q) = w (K x C)
+@ x (C x H*W), rows of x strided for stride 2. A conv with few input channels (ResNet's
+stem, C = 3) is one too, over the flat reduction index l = (c R + r) S + s: w is already
+the (K, C*R*S) matrix, and the columns are gathered from x inside the loads (im2col fused
+away). ``csrc/flat_igemm.cu`` does either in ONE kernel launch: no weight transform
+(conv09 rearranges the filters on every call), no memset, no reduction kernel. That is
+what matters at batch 1, where a layer's whole arithmetic takes a few microseconds and
+every extra launch adds about as much again.
+
+Small problems give few output tiles, so the tile shrinks with the problem (`choose`:
+64x64, 32x64 or 32x32 outputs per block of 64 threads, the largest that still gives
+about 4 blocks, 8 warps, per SM: with fewer, each scheduler waits on its one warp's
+loads) and, when even 32x32 tiles give fewer, the reduction is split (`split_parts`).
+The parts write their sums to a workspace; the last part of each
+tile to finish adds them in the fixed order 0, 1, 2, ... (a counter per tile, reset by
+that block), so results are reproducible from run to run, whichever part finishes first.
+A launcher's workspace and counters belong to its shape: one stream at a time.
+
+NCHW float32, any stride / padding / dilation, groups 1. Needs CuPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._launch import Unsupported, ceil_div, conv_launch_params, launcher
+from ._launch import device_pointer as _ptr
+from .conv09_implicit_gemm_cuda import MAX_SPLIT_K, SMS
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "flat_igemm.cu"
+BK = 16  # reduction indices per slab (the source's BK)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """BM filters x BN output pixels per block, the reduction split into SPLIT parts."""
+
+    BM: int = 64
+    BN: int = 64
+    SPLIT: int = 1
+
+    @property
+    def threads(self) -> int:
+        return (self.BM // (8 if self.BM >= 64 else 4)) * (self.BN // (8 if self.BN >= 64 else 4))
+
+    def name_expression(self, mode: int) -> str:
+        return f"flat_igemm<{self.BM}, {self.BN}, {mode}>"
+
+    def __str__(self):
+        return f"{self.BM}x{self.BN}" + (f" split{self.SPLIT}" if self.SPLIT > 1 else "")
+
+
+# Largest first; `choose` takes the first that fills the GPU.
+TILES = (Tile(64, 64), Tile(32, 64), Tile(32, 32))
+MODES = (0, 1)  # 0: 1x1 without padding (rows of x), 1: gathered (c, r, s) columns
+
+
+def mode_of(p) -> int:
+    """The source's MODE for ConvParams p (1x1 unpadded: 0, else 1)."""
+    return 0 if (p.R, p.S) == (1, 1) and p.padding == (0, 0) else 1
+
+
+TARGET_BLOCKS = 4 * SMS  # blocks of 64 threads wanted: 8 warps per SM (H200: 132 SMs)
+
+
+def split_parts(blocks: int, slabs: int, target: int = TARGET_BLOCKS) -> int:
+    """Parts to split a reduction of `slabs` slabs into so that `blocks` output tiles give
+    about `target` blocks, each part keeping at least 4 slabs (64 reduction indices)."""
+    return max(1, min(MAX_SPLIT_K, ceil_div(target, blocks), slabs // 4))
+
+
+def choose(p) -> Tile:
+    """The tile for ConvParams p: the largest of `TILES` (no taller than the filters, when
+    a shorter one exists) whose grid has `TARGET_BLOCKS` blocks, else 32x32 with the
+    reduction split (`split_parts`) towards that many."""
+    npq = p.N * p.P * p.Q
+    fits = [t for t in TILES if t.BM <= p.K] or [TILES[-1]]
+    for t in fits:
+        if ceil_div(p.K, t.BM) * ceil_div(npq, t.BN) >= TARGET_BLOCKS:
+            return t
+    t = TILES[-1]
+    blocks = ceil_div(p.K, t.BM) * ceil_div(npq, t.BN)
+    return Tile(t.BM, t.BN, split_parts(blocks, ceil_div(p.C * p.R * p.S, BK)))
+
+
+_MODULE: list = []
+
+
+def _module():
+    """One CuPy RawModule with every tile and mode (compiled once, at the first call)."""
+    if not _MODULE:
+        import cupy as cp
+
+        names = tuple(t.name_expression(m) for t in TILES for m in MODES)
+        _MODULE.append(cp.RawModule(code=SOURCE_PATH.read_text(), options=("-std=c++17",),
+                                    name_expressions=names))
+    return _MODULE[0]
+
+
+def plan_args(p, tile: Tile) -> dict:
+    """Grid, block, parts and the int32 scalars of one launch (no GPU needed)."""
+    L = p.C * p.R * p.S
+    npq = p.N * p.P * p.Q
+    if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.K * L) >= 2**31:
+        raise Unsupported("flat_igemm_cuda uses 32-bit indices: tensors must have fewer "
+                          "than 2**31 elements")
+    if (tile.BM, tile.BN) not in {(t.BM, t.BN) for t in TILES} or tile.SPLIT < 1:
+        raise ValueError(f"flat_igemm_cuda: no kernel for tile {tile}")
+    slabs = ceil_div(L, BK)
+    per = ceil_div(slabs, tile.SPLIT)
+    parts = ceil_div(slabs, per)  # no empty part
+    grid = (ceil_div(npq, tile.BN), ceil_div(p.K, tile.BM), parts)
+    if grid[1] > 65535 or parts > 65535:
+        raise Unsupported(f"flat_igemm_cuda: K={p.K} needs {grid[1]} block rows; CUDA "
+                          "allows 65535")
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    mode = mode_of(p)
+    return dict(grid=grid, block=(tile.threads,), parts=parts, mode=mode, tiles=grid[0] * grid[1],
+                n_out=p.N * p.K * p.P * p.Q,
+                a_vec=L % 4 == 0, b_vec=mode == 0 and p.stride == (1, 1) and p.P * p.Q % 4 == 0,
+                y_vec=p.P * p.Q % 4 == 0,
+                ints=(p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh, dw, per))
+
+
+def flags_for(a, x, w, out, ws=None) -> int:
+    """The kernel's float4 flags for this call: the shapes allow it (plan_args) and the
+    buffers are 16-byte aligned (a view into an array need not be)."""
+    def aligned(*arrs):
+        return all(_ptr(v) % 16 == 0 for v in arrs if v is not None)
+
+    return ((1 if a["a_vec"] and aligned(w) else 0) | (2 if a["b_vec"] and aligned(x) else 0)
+            | (4 if a["y_vec"] and aligned(out, ws) else 0))
+
+
+_PLANS: dict = {}
+
+
+def _plan(x, w, out, stride, padding, dilation, groups, tile):
+    try:
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups, tile)
+        plan = _PLANS.get(key)
+    except TypeError:
+        key, plan = None, None
+    if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
+        return plan
+    p = conv_launch_params("conv2d_flat_igemm_cuda", x, w, out, stride, padding, dilation,
+                           groups)
+    import cupy as cp
+
+    t = tile or choose(p)
+    a = plan_args(p, t)
+    plan = dict(a, tile=t, fn=_module().get_function(t.name_expression(a["mode"])),
+                ints=tuple(np.int32(v) for v in a["ints"]),
+                ws=cp.empty(a["parts"] * a["n_out"], cp.float32) if a["parts"] > 1 else None,
+                counters=cp.zeros(a["tiles"], cp.int32) if a["parts"] > 1 else None)
+    if key is not None:
+        if len(_PLANS) >= 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda"):
+    """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`."""
+
+    @launcher
+    def conv2d(x, w, out, stride=1, padding=0, dilation=1, groups=1):
+        plan = _plan(x, w, out, stride, padding, dilation, groups, tile)
+        ws, cnt = plan["ws"], plan["counters"]
+        u64 = np.uint64
+        null = u64(0)
+        plan["fn"](plan["grid"], plan["block"],
+                   (u64(_ptr(x)), u64(_ptr(w)), u64(_ptr(out)),
+                    ws if ws is not None else null, cnt if cnt is not None else null,
+                    *plan["ints"], np.int32(flags_for(plan, x, w, out, ws))))
+        return out
+
+    conv2d.__name__ = name
+    conv2d.tile = tile
+    return conv2d
+
+
+conv2d_flat_igemm_cuda = make_launcher()
+conv2d_flat_igemm_cuda.__doc__ = (
+    "x (N, C, H, W), w (K, C, R, S), out (N, K, P, Q) fp32 device arrays; any stride, "
+    "padding, dilation; groups 1. One launch; the tile and split `choose` picks.")
+
+
+def compile_ptx(arch: str = "compute_90") -> str:
+    """PTX of every tile and mode, compiled by NVRTC (no GPU needed)."""
+    from ._nvrtc import nvrtc_ptx
+
+    return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu",
+                     [t.name_expression(m) for t in TILES for m in MODES], arch)

@@ -1,0 +1,301 @@
+"""The one-launch implicit GEMM for small convs (convlab/kernels/flat_igemm_cuda.py).
+
+Without a GPU: the CUDA C runs on the CPU (tests/_emulate.py) for every tile and both
+modes (1x1 rows of x, gathered (c, r, s) columns), on shapes that are not multiples of
+any tile (C, K, P*Q odd; several filter tiles; several split parts; stride 2), outputs
+and split workspace poisoned with NaN, against float64; the split-K sum is the same bit
+for bit whichever part finishes last (blocks also run in reverse order), and leaves its
+counters at zero for the next launch; the float4 paths and their scalar fallbacks agree.
+The tile rule and `conv_cuda.choose_algorithm` are pinned on ResNet-50's layers. On a GPU
+(marked gpu): the launcher and `conv_cuda.conv2d_cuda` against the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+
+from convlab import check, problems
+from convlab import reference as ref
+from convlab.kernels import Unsupported, conv_cuda
+from convlab.kernels import flat_igemm_cuda as F
+
+from ._emulate import assert_close_to_reference, build_cpu_library
+from ._nvrtc import nvrtc_available
+
+WRAPPER = r"""
+template <typename Body>
+void run_grid_reversed(unsigned gx, unsigned gy, unsigned gz, unsigned nt, Body body) {
+    gridDim = {gx, gy, gz}; blockDim = {nt, 1, 1};
+    for (int bz = gz - 1; bz >= 0; --bz) for (int by = gy - 1; by >= 0; --by)
+    for (int bx = gx - 1; bx >= 0; --bx) {
+        std::barrier<> bar(nt); g_block_bar = &bar;
+        std::vector<std::thread> ts;
+        for (unsigned t = 0; t < nt; ++t) ts.emplace_back([=] {
+            threadIdx = {t, 0, 0}; blockIdx = {(unsigned)bx, (unsigned)by, (unsigned)bz};
+            body(); });
+        for (auto& t : ts) t.join();
+    }
+}
+#define RUN(BM_, BN_, MODE_) if (bm == BM_ && bn == BN_ && mode == MODE_) { \
+    auto body = [=] { flat_igemm<BM_, BN_, MODE_>(x, w, y, ws, cnt, a[0], a[1], a[2], a[3], \
+        a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]); }; \
+    if (reversed) run_grid_reversed(gx, gy, gz, nt, body); else run_grid(gx, gy, gz, nt, body); \
+    return 0; }
+extern "C" int run_flat(int bm, int bn, int mode, int reversed, unsigned gx, unsigned gy,
+                        unsigned gz, unsigned nt, const float* x, const float* w, float* y,
+                        float* ws, int* cnt, const int* a) {
+    RUN(64, 64, 0) RUN(64, 64, 1) RUN(32, 64, 0) RUN(32, 64, 1) RUN(32, 32, 0) RUN(32, 32, 1)
+    return 1;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    return build_cpu_library(F.SOURCE_PATH.read_text() + WRAPPER)
+
+
+def run_on_cpu(lib, x, w, kw, tile, flags=None, reversed=False, ws_fill=np.nan):
+    """One launch of the kernel on the CPU: (out, workspace, counters) after it."""
+    p = ref.conv_params(x.shape, w.shape, **kw)
+    a = F.plan_args(p, tile)
+    if flags is None:
+        flags = 1 * a["a_vec"] | 2 * a["b_vec"] | 4 * a["y_vec"]
+    out = check.poisoned(p.out_shape)
+    ws = np.full(max(1, a["parts"] * a["n_out"]), ws_fill, np.float32)
+    cnt = np.zeros(a["tiles"], np.int32)
+    args = np.array([*a["ints"], flags], np.int32)
+    ptr = [ctypes.c_void_p(v.ctypes.data) for v in (x, w, out, ws, cnt, args)]
+    rc = lib.run_flat(tile.BM, tile.BN, a["mode"], int(reversed), *a["grid"], tile.threads, *ptr)
+    assert rc == 0
+    return out, ws, cnt
+
+
+SHAPES = [  # x, w, kwargs: nothing a multiple of a tile
+    ((2, 37, 7, 7), (70, 37, 1, 1), {}),               # P*Q = 49, C*R*S % 4 != 0: scalar
+    ((1, 40, 6, 10), (33, 40, 1, 1), {}),              # P*Q % 4 == 0, C % 4 == 0: float4
+    ((2, 24, 9, 11), (20, 24, 1, 1), dict(stride=2)),  # strided rows of x
+    ((1, 3, 13, 11), (10, 3, 7, 7), dict(stride=2, padding=3)),  # the stem's kind
+    ((1, 5, 9, 8), (9, 5, 3, 2), dict(stride=(1, 2), padding=(1, 0), dilation=(2, 1))),
+    ((2, 4, 9, 8), (6, 4, 3, 3), dict(padding=1)),     # gathered, filter rows as float4
+]
+
+
+@pytest.mark.parametrize("tile", F.TILES, ids=str)
+@pytest.mark.parametrize("shape, wshape, kw", SHAPES)
+def test_kernel_on_the_cpu(lib, tile, shape, wshape, kw):
+    rng = np.random.default_rng(sum(shape) + tile.BM + tile.BN)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    out, _, _ = run_on_cpu(lib, x, w, kw, tile)
+    assert_close_to_reference(out, x, w, **kw)
+
+
+SPLIT_SHAPES = [
+    ((2, 75, 7, 7), (70, 75, 1, 1), {}),                # 5 slabs, the last partial
+    ((1, 80, 6, 10), (33, 80, 1, 1), {}),               # float4 loads and sums
+    ((2, 72, 9, 11), (20, 72, 1, 1), dict(stride=2)),
+    ((1, 3, 13, 11), (10, 3, 7, 7), dict(stride=2, padding=3)),  # 10 slabs of (c, r, s)
+]
+
+
+@pytest.mark.parametrize("tile", [F.Tile(32, 32, 3), F.Tile(64, 64, 2), F.Tile(32, 64, 5)],
+                         ids=str)
+@pytest.mark.parametrize("shape, wshape, kw", SPLIT_SHAPES)
+def test_split_reduction_is_reproducible(lib, tile, shape, wshape, kw):
+    rng = np.random.default_rng(7 + tile.SPLIT)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    p = ref.conv_params(x.shape, w.shape, **kw)
+    assert F.plan_args(p, tile)["parts"] > 1
+    out, ws, cnt = run_on_cpu(lib, x, w, kw, tile)
+    assert_close_to_reference(out, x, w, **kw)
+    assert not cnt.any()  # every tile's counter is back at zero for the next launch
+    again, _, cnt2 = run_on_cpu(lib, x, w, kw, tile, reversed=True)  # other parts last
+    assert np.array_equal(out, again) and not cnt2.any()
+    parts = F.plan_args(p, tile)["parts"]
+    want = ws.reshape(parts, -1)[0].copy()
+    for z in range(1, parts):
+        want += ws.reshape(parts, -1)[z]
+    assert np.array_equal(out.ravel(), want)  # the slices added in the order 0, 1, 2...
+
+
+@pytest.mark.parametrize("tile", [F.Tile(64, 64), F.Tile(32, 32, 2)], ids=str)
+def test_float4_paths_match_the_scalar_ones(lib, tile):
+    x, w, kw = SHAPES[1]
+    rng = np.random.default_rng(11)
+    x, w = check.random_array(x, rng), check.random_array(w, rng)
+    fast, _, _ = run_on_cpu(lib, x, w, kw, tile)
+    slow, _, _ = run_on_cpu(lib, x, w, kw, tile, flags=0)
+    assert_close_to_reference(slow, x, w)
+    assert np.array_equal(fast, slow)
+
+
+# The rule, pinned: tile and split at batch 1; at batch 32 and 128
+# every one of these layers keeps the algorithm it had before ('implicit_gemm', the stem
+# 'im2col_fused').
+BATCH1 = {
+    "stem 7x7/2": "32x32", "1x1 64->64 56x56": "32x32", "1x1 64->256 56x56": "32x32",
+    "1x1 256->64 56x56": "32x32 split3", "1x1 256->128 56x56": "32x32 split2",
+    "1x1 256->512 56x56/2": "32x32 split2", "1x1 128->512 28x28": "32x32 split2",
+    "1x1 512->128 28x28": "32x32 split6", "1x1 512->256 28x28": "32x32 split3",
+    "1x1 512->1024 28x28/2": "32x32 split3", "1x1 256->1024 14x14": "32x32 split3",
+    "1x1 1024->256 14x14": "32x32 split10", "1x1 1024->512 14x14": "32x32 split5",
+    "1x1 1024->2048 14x14/2": "32x32 split5", "1x1 512->2048 7x7": "32x32 split5",
+    "1x1 2048->512 7x7": "32x32 split16"}
+
+
+def _params(layer, batch):
+    prob = layer.with_batch(batch)
+    return ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
+
+
+def test_rule_on_resnet50():
+    layers = [lay for lay in problems.RESNET50 if not lay.name.startswith("3x3")]
+    assert {lay.name for lay in layers} == set(BATCH1)
+    for lay in layers:
+        p = _params(lay, 1)
+        assert conv_cuda.choose_algorithm(p) == "flat_igemm", lay.name
+        assert str(F.choose(p)) == BATCH1[lay.name], lay.name
+        for b in (32, 128):
+            want = "im2col_fused" if lay.name.startswith("stem") else "implicit_gemm"
+            assert conv_cuda.choose_algorithm(_params(lay, b)) == want, (lay.name, b)
+    for lay in problems.RESNET50:  # the 3x3 layers never take this path
+        if lay.name.startswith("3x3"):
+            assert conv_cuda.choose_algorithm(_params(lay, 1)) != "flat_igemm", lay.name
+
+
+@pytest.mark.parametrize("x, w, kw, want", [
+    ((1, 64, 56, 56), (64, 64, 1, 1), dict(padding=1), "implicit_gemm"),  # padded 1x1
+    ((1, 96, 40, 40), (96, 96, 1, 1), {}, "flat_igemm"),
+    ((128, 96, 40, 40), (96, 96, 1, 1), {}, "implicit_gemm"),   # 2^30.8 multiply-adds
+    ((2, 1, 64, 64), (16, 1, 5, 5), dict(padding=2), "flat_igemm"),
+    ((1, 96, 10, 10), (96, 96, 3, 3), dict(padding=1), "implicit_gemm")])
+def test_algorithm_on_other_shapes(x, w, kw, want):
+    assert conv_cuda.choose_algorithm(ref.conv_params(x, w, **kw)) == want
+
+
+def test_tile_rule_edges():
+    def tile(x, w, **kw):
+        return str(F.choose(ref.conv_params(x, w, **kw)))
+
+    assert tile((1, 8, 4, 4), (8, 8, 1, 1)) == "32x32"  # tiny: no split below 4 slabs
+    assert tile((1, 4096, 2, 2), (40, 4096, 1, 1)) == "32x32 split16"  # split capped
+    assert tile((8, 64, 56, 56), (256, 64, 1, 1)) == "64x64"  # enough tiles: the largest
+    assert tile((1, 64, 150, 150), (64, 64, 1, 1)) == "32x64"  # 352 tiles of 64x64, 704
+    assert tile((1, 64, 30, 30), (48, 64, 1, 1)) == "32x32"  # 64-row tiles taller than K
+
+
+def test_refusals():
+    p = ref.conv_params((1, 8, 5, 5), (4, 8, 1, 1))
+    with pytest.raises(ValueError, match="no kernel for tile"):
+        F.plan_args(p, F.Tile(128, 64))
+    big = ref.conv_params((1, 2**16, 2**8, 2**8), (4, 2**16, 1, 1))
+    with pytest.raises(Unsupported, match="32-bit"):
+        F.plan_args(big, F.Tile())
+    with pytest.raises(Unsupported, match="groups"):
+        F.conv2d_flat_igemm_cuda(np.zeros((1, 4, 5, 5), np.float32),
+                                 np.zeros((4, 2, 1, 1), np.float32),
+                                 np.zeros((1, 4, 5, 5), np.float32), groups=2)
+
+
+class _HostArray:
+    """A NumPy array that passes for a device array (its address as the CUDA array
+    interface's): the launcher's Python runs unchanged, the kernel on the CPU."""
+
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.dtype = a.shape, a.dtype
+        self.__cuda_array_interface__ = dict(data=(a.ctypes.data, False), shape=a.shape,
+                                             typestr=a.dtype.str, version=3)
+
+
+class _Buf(np.ndarray):
+    """A NumPy array with a device address, for the launcher's workspace and counters."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(data=(self.ctypes.data, False), shape=self.shape, typestr=self.dtype.str,
+                    version=3)
+
+
+class _FakeModule:
+    """Stands in for CuPy's RawModule: a launch runs the CPU library."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def get_function(self, name):
+        bm, bn, mode = (int(v) for v in name[name.index("<") + 1:-1].split(","))
+
+        def launch(grid, block, args):
+            x, w, y, ws, cnt = (a.ctypes.data if isinstance(a, np.ndarray) else int(a)
+                                for a in args[:5])
+            ints = np.array([int(v) for v in args[5:]], np.int32)
+            assert len(ints) == 17 and args[-1] in range(8)  # the flags last
+            assert self.lib.run_flat(bm, bn, mode, 0, *grid, block[0],
+                                     *(ctypes.c_void_p(v) for v in (x, w, y, ws, cnt)),
+                                     ctypes.c_void_p(ints.ctypes.data)) == 0
+        return launch
+
+
+@pytest.mark.parametrize("tile", [None, F.Tile(32, 64, 3)], ids=str)
+@pytest.mark.parametrize("shape, wshape, kw", [SHAPES[1], SPLIT_SHAPES[0], SHAPES[3]])
+def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, wshape, kw):
+    import sys
+    import types
+
+    cp = types.SimpleNamespace(float32=np.float32, int32=np.int32,
+                               empty=lambda n, t: np.full(n, np.nan, t).view(_Buf),
+                               zeros=lambda n, t: np.zeros(n, t).view(_Buf))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(F, "_MODULE", [_FakeModule(lib)])
+    monkeypatch.setattr(F, "_PLANS", {})
+    rng = np.random.default_rng(3)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    p = ref.conv_params(shape, wshape, **kw)
+    fn = F.make_launcher(tile)
+    for _ in range(2):  # the second call reuses the plan, its workspace and counters
+        out = check.poisoned(p.out_shape)
+        fn(_HostArray(x), _HostArray(w), _HostArray(out), **kw)
+        assert_close_to_reference(out, x, w, **kw)
+    plan = next(iter(F._PLANS.values()))
+    assert plan["tile"] == (tile or F.choose(p))
+    if plan["parts"] > 1:
+        assert not plan["counters"].any()
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
+def test_source_compiles():
+    ptx = F.compile_ptx()
+    assert ptx.count(".entry") == len(F.TILES) * len(F.MODES)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("x, w, kw", [*SHAPES, SPLIT_SHAPES[1],
+                                      ((1, 256, 14, 14), (1024, 256, 1, 1), {}),
+                                      ((1, 1024, 14, 14), (2048, 1024, 1, 1), dict(stride=2)),
+                                      ((1, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3))])
+def test_launcher_on_gpu(x, w, kw):
+    from numba import cuda
+
+    rng = np.random.default_rng(5)
+    xs, ws = check.random_array(x, rng), check.random_array(w, rng)
+    p = ref.conv_params(x, w, **kw)
+    xd, wd = cuda.to_device(xs), cuda.to_device(ws)
+    results = []
+    for fn in (F.conv2d_flat_igemm_cuda, F.make_launcher(F.Tile(32, 32, 3)),
+               conv_cuda.conv2d_cuda):
+        for _ in range(2):
+            out = cuda.to_device(check.poisoned(p.out_shape))
+            fn(xd, wd, out, **kw)
+            results.append(out.copy_to_host())
+            assert_close_to_reference(results[-1], xs, ws, **kw)
+        assert np.array_equal(results[-1], results[-2])  # reproducible, split or not
+    for plan in F._PLANS.values():  # every split launch left its counters at zero
+        if plan["counters"] is not None:
+            assert not plan["counters"].get().any()
