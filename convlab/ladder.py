@@ -337,8 +337,9 @@ def _gemm_reference(a, b):
 def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
     checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) and F(4x4, 3x3) where
-    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison), and
-    im2col + the course's batched GEMM."""
+    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison),
+    im2col + the course's batched GEMM, the one-launch GEMM for small convs, and
+    `conv2d_cuda`, which picks one of them by a rule."""
     from functools import partial
 
     from .kernels import triton01_implicit_gemm as tri
@@ -354,6 +355,10 @@ def beside_kernels(tf32: bool = False) -> dict:
 
         out["im2col_cuda"] = im2col01_cuda.conv2d_im2col_cuda
         out["im2col_fused_cuda"] = im2col01_cuda.conv2d_im2col_fused_cuda
+        from .kernels import conv_cuda, flat_igemm_cuda
+
+        out["flat_igemm_cuda"] = flat_igemm_cuda.conv2d_flat_igemm_cuda
+        out["conv2d_cuda"] = conv_cuda.conv2d_cuda  # the entry point: its rule's pick
     if not tri.available():
         return out
     out["triton"] = tri.conv2d_triton
