@@ -310,14 +310,6 @@ def sweep_counts(limit: int | None = None) -> list:
     return out + [limit]
 
 
-def torch_thread_setter():
-    """A setter for PyTorch's CPU thread count, or None without PyTorch."""
-    torch = _runtime.import_optional("torch")
-    if torch is None:
-        return None
-    return torch.set_num_threads
-
-
 def thread_sweep(fn, *args, counts=None, setter=None, getter=None, repeat: int = 3,
                  **kwargs) -> list:
     """Time ``fn(*args, **kwargs)`` at each thread count; [(threads, ms), ...].
