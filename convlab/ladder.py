@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from . import baselines, bench, problems
-from .runtime import cuda
+from .runtime import cuda, is_simulator
 
 
 def ladder_impls(problem, kernels: dict | None = None, libraries: bool = True) -> list:
@@ -338,13 +338,18 @@ def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
     checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) and F(4x4, 3x3) where
     CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison),
-    im2col + the course's batched GEMM, the one-launch GEMM for small convs, and
+    im2col + the course's batched GEMM, the one-launch GEMM for small convs (pure Numba
+    on a GPU, CUDA C where CuPy runs), and
     `conv2d_cuda`, which picks one of them by a rule."""
     from functools import partial
 
     from .kernels import triton01_implicit_gemm as tri
 
     out = {}
+    if not is_simulator():  # the one-launch GEMM for small convs in pure Numba
+        from .kernels import conv10_flat_igemm
+
+        out["flat_igemm"] = conv10_flat_igemm.conv2d_flat_igemm
     if baselines.cupy_available():
         from .kernels import winograd01_cuda as wino
 
@@ -443,7 +448,8 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
     return dict(batches=list(batches), rows=rows, skipped=skipped)
 
 
-def sweep_summary(sweep: dict, numba=("implicit_gemm", "implicit_gemm_tuned")) -> dict:
+def sweep_summary(sweep: dict, numba=("implicit_gemm", "implicit_gemm_tuned", "flat_igemm")
+                  ) -> dict:
     """Per batch and kind of layer (stem, 3x3, 1x1): the best course kernel's (not Triton,
     not a row whose name ends in "_cublas") and the best pure-Numba kernel's % of cuDNN
     fp32, as minimum and geometric mean over the layers."""
