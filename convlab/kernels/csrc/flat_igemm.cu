@@ -24,6 +24,35 @@ inline float4 __ldcg(const float4* p) { return *p; }
 
 #define BK 16
 
+// A thread's outputs: pixels jb..jb+3 of filter m for each sub-block (g, i). run4(i, g, o)
+// where the four are one float4 at offset o, else one(i, g, e, o) for each pixel in range.
+template <int BM, int BN, int TM, int NH, int MH, class Run4, class One>
+__device__ __forceinline__ void each_output(int m0, int n0, int tx, int ty, int K, int PQ,
+                                            int NPQ, bool y_vec, Run4 run4, One one) {
+#pragma unroll
+    for (int g = 0; g < NH; ++g) {
+        const int jb = n0 + g * (BN / NH) + tx * 4;
+        if (jb >= NPQ) continue;
+        const int ib = jb / PQ, pb = jb - ib * PQ;
+        const bool vec = y_vec && jb + 3 < NPQ;
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int m = m0 + (i / 4) * (BM / MH) + ty * 4 + (i % 4);
+            if (m >= K) continue;
+            if (vec) {
+                run4(i, g, ((size_t)ib * K + m) * PQ + pb);
+            } else {
+                int im = ib, pp = pb;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (jb + e < NPQ) one(i, g, e, ((size_t)im * K + m) * PQ + pp);
+                    if (++pp == PQ) { pp = 0; ++im; }
+                }
+            }
+        }
+    }
+}
+
 template <int BM, int BN, int MODE>
 __global__ void __launch_bounds__((BM / (BM >= 64 ? 8 : 4)) * (BN / (BN >= 64 ? 8 : 4)))
 flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
@@ -170,30 +199,13 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
     const size_t n_out = (size_t)N * K * PQ;
     const int parts = gridDim.z;
     float* dst = parts > 1 ? ws + blockIdx.z * n_out : y;
-#pragma unroll
-    for (int g = 0; g < NH; ++g) {
-        const int jb = n0 + g * (BN / NH) + tx * 4;
-        if (jb >= NPQ) continue;
-        const int ib = jb / PQ, pb = jb - ib * PQ;
-        const bool vec = y_vec && jb + 3 < NPQ;
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            const int m = m0 + (i / 4) * (BM / MH) + ty * 4 + (i % 4);
-            if (m >= K) continue;
+    each_output<BM, BN, TM, NH, MH>(
+        m0, n0, tx, ty, K, PQ, NPQ, y_vec,
+        [&](int i, int g, size_t o) {
             const float* v = &acc[i][4 * g];
-            if (vec) {
-                *reinterpret_cast<float4*>(&dst[((size_t)ib * K + m) * PQ + pb]) =
-                    make_float4(v[0], v[1], v[2], v[3]);
-            } else {
-                int im = ib, pp = pb;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (jb + e < NPQ) dst[((size_t)im * K + m) * PQ + pp] = v[e];
-                    if (++pp == PQ) { pp = 0; ++im; }
-                }
-            }
-        }
-    }
+            *reinterpret_cast<float4*>(&dst[o]) = make_float4(v[0], v[1], v[2], v[3]);
+        },
+        [&](int i, int g, int e, size_t o) { dst[o] = acc[i][4 * g + e]; });
     if (parts == 1) return;
 
     // split-K: the last part of this tile to arrive sums the slices in a fixed order
@@ -208,37 +220,19 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
     __syncthreads();
     if (!s_last) return;
     __threadfence();
-#pragma unroll
-    for (int g = 0; g < NH; ++g) {
-        const int jb = n0 + g * (BN / NH) + tx * 4;
-        if (jb >= NPQ) continue;
-        const int ib = jb / PQ, pb = jb - ib * PQ;
-        const bool vec = y_vec && jb + 3 < NPQ;
-#pragma unroll
-        for (int i = 0; i < TM; ++i) {
-            const int m = m0 + (i / 4) * (BM / MH) + ty * 4 + (i % 4);
-            if (m >= K) continue;
-            if (vec) {
-                const size_t o = ((size_t)ib * K + m) * PQ + pb;
-                float4 s = __ldcg(reinterpret_cast<const float4*>(ws + o));
-                for (int z = 1; z < parts; ++z) {
-                    const float4 u = __ldcg(reinterpret_cast<const float4*>(ws + z * n_out + o));
-                    s.x += u.x; s.y += u.y; s.z += u.z; s.w += u.w;
-                }
-                *reinterpret_cast<float4*>(&y[o]) = s;
-            } else {
-                int im = ib, pp = pb;
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (jb + e < NPQ) {
-                        const size_t o = ((size_t)im * K + m) * PQ + pp;
-                        float s = __ldcg(ws + o);
-                        for (int z = 1; z < parts; ++z) s += __ldcg(ws + z * n_out + o);
-                        y[o] = s;
-                    }
-                    if (++pp == PQ) { pp = 0; ++im; }
-                }
+    each_output<BM, BN, TM, NH, MH>(
+        m0, n0, tx, ty, K, PQ, NPQ, y_vec,
+        [&](int, int, size_t o) {
+            float4 s = __ldcg(reinterpret_cast<const float4*>(ws + o));
+            for (int z = 1; z < parts; ++z) {
+                const float4 u = __ldcg(reinterpret_cast<const float4*>(ws + z * n_out + o));
+                s.x += u.x; s.y += u.y; s.z += u.z; s.w += u.w;
             }
-        }
-    }
+            *reinterpret_cast<float4*>(&y[o]) = s;
+        },
+        [&](int, int, int, size_t o) {
+            float s = __ldcg(ws + o);
+            for (int z = 1; z < parts; ++z) s += __ldcg(ws + z * n_out + o);
+            y[o] = s;
+        });
 }
