@@ -7,6 +7,7 @@ functions here when a picture is used by more than one notebook.
 - images: `show_images`
 - convolution geometry: `draw_conv_window`, `draw_nchw`, `draw_im2col`
 - access patterns: `loop_addresses`, `draw_loop_order`, `draw_blocking`, `draw_flat_tile`
+- parallel work: `draw_split_k`
 - measurements: `plot_timings`, `plot_thread_sweep`, `plot_batch_crossover`, `roofline`
   (one plotter, one or several compute roofs)
 - precisions and tensor cores: `plot_formats`, `plot_accuracy_speed`, `plot_mma_shapes`,
@@ -1356,5 +1357,50 @@ def plot_census(census: dict, variants=("fp32", "tf32", "fp16 NHWC"), title: str
     ax.set_ylabel("% of the forward pass")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, bbox_to_anchor=(1.01, 1), loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def draw_split_k(tiles=3, parts=4, last=(2, 0, 3, 1)):
+    """A one-launch split-K: `tiles` output tiles, each reduction cut into `parts` parts.
+
+    Block (tile, z) multiplies part z of the reduction into slice z of a workspace; the
+    counter of each tile tells the block that finishes last (`last[t]`: its part z) to add
+    the slices in the fixed order 0, 1, ..., parts-1 into y. The order of the additions is
+    the same whichever block is last, so the float32 result is the same every run.
+    Returns the figure.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 0.9 + 0.75 * tiles))
+    colors = CHANNEL_COLORS
+    for t in range(tiles):
+        y = t * 1.5
+        ax.text(-0.3, y + 0.35, f"tile {t}", ha="right", va="center", fontsize=8)
+        for z in range(parts):
+            ax.add_patch(plt.Rectangle((z * 1.1, y), 1.0, 0.7, fc=colors[z % len(colors)],
+                                       ec="0.3", lw=0.6))
+            ax.text(z * 1.1 + 0.5, y + 0.35, f"block ({t},{z})\nl in part {z}", ha="center",
+                    va="center", fontsize=6.5)
+            x0 = parts * 1.1 + 0.8 + z * 0.75
+            ax.add_patch(plt.Rectangle((x0, y), 0.65, 0.7, fc=colors[z % len(colors)],
+                                       ec="0.3", lw=0.6, alpha=0.6))
+            ax.text(x0 + 0.32, y + 0.35, f"ws[{z}]", ha="center", va="center", fontsize=6.5)
+        ax.annotate("", (parts * 1.1 + 0.75, y + 0.35), (parts * 1.1 - 0.05, y + 0.35),
+                    arrowprops=dict(arrowstyle="->", color="0.4", lw=0.8))
+        z_last = last[t % len(last)] % parts
+        xs = parts * 1.1 + 0.8 + parts * 0.75 + 0.5
+        ax.annotate("", (xs, y + 0.35), (xs - 0.45, y + 0.35),
+                    arrowprops=dict(arrowstyle="->", color=HIGHLIGHT, lw=0.8))
+        ax.add_patch(plt.Rectangle((xs, y), 2.6, 0.7, fc="white", ec=HIGHLIGHT, lw=1.2))
+        ax.text(xs + 1.3, y + 0.35, "y = " + " + ".join(f"ws[{z}]" for z in range(parts))
+                if parts <= 3 else f"y = ws[0] + ... + ws[{parts - 1}]", ha="center",
+                va="center", fontsize=6.5)
+        ax.text(xs + 2.75, y + 0.35, f"added by block ({t},{z_last}),\nthe last to count",
+                ha="left", va="center", fontsize=7, color=HIGHLIGHT)
+    ax.set_xlim(-1.3, parts * 1.85 + 7.0)
+    ax.set_ylim(tiles * 1.5 - 0.6, -0.3)
+    ax.axis("off")
+    ax.set_title(f"split-K in one launch: {tiles} tiles x {parts} parts = {tiles * parts} "
+                 "blocks; each tile's sum in a fixed order", fontsize=9)
     fig.tight_layout()
     return fig

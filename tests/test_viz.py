@@ -173,6 +173,17 @@ def test_double_buffering_timeline_is_shorter():
     assert "4 slabs in 8 time units" in _texts(fig) and "4 slabs in 5 time units" in _texts(fig)
 
 
+def test_split_k_picture_has_a_block_and_a_slice_per_part_and_names_the_last_block():
+    fig = viz.draw_split_k(tiles=2, parts=3, last=(2, 0))
+    ax = fig.axes[0]
+    texts = _texts(fig)
+    assert sum(t.startswith("block (") for t in (x.get_text() for x in ax.texts)) == 6
+    assert sum(x.get_text() == "ws[1]" for x in ax.texts) == 2
+    assert "y = ws[0] + ws[1] + ws[2]" in texts
+    assert "added by block (0,2)" in texts and "added by block (1,0)" in texts
+    assert "2 tiles x 3 parts = 6 blocks" in texts
+
+
 # ---------------------------------------------------------------------------------------
 # Lesson 12's pictures
 

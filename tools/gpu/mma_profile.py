@@ -1,0 +1,65 @@
+"""Registers, local memory and one timed GEMM per mma.sync configuration: the inputs of an
+Nsight Compute run (`ncu --kernel-name mma_sync_kernel ... python3 tools/gpu/mma_profile.py`).
+
+    python3 tools/gpu/mma_profile.py 4096 "BM=256,BK=64,STAGES=3,FRAG_PIPE=1,GPTR=1" ...
+
+Each argument after the size is a configuration: MmaConfig fields over mma02's STEP3.
+"""
+
+import os
+import sys
+from dataclasses import replace
+
+import convlab
+
+convlab.setup("gpu")
+import torch  # noqa: E402
+
+from convlab import bench  # noqa: E402
+from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
+from convlab.measure import tensor_cores as TC  # noqa: E402
+
+
+def parse(spec: str):
+    kw = {k: int(v) for k, v in (p.split("=") for p in spec.split(",") if p)}
+    return replace(MM.STEP3, **kw)
+
+
+def main() -> int:
+    n = int(sys.argv[1])
+    if os.environ.get("DATA") == "randn":
+        a = torch.randn(n, n, device="cuda", dtype=torch.float16)
+        bt = torch.randn(n, n, device="cuda", dtype=torch.float16)
+    else:   # the measured tables' data (check.random_array)
+        a, bt = TC._inputs(n, torch, torch.float16)
+    out = torch.empty(n, n, device="cuda", dtype=torch.float32)
+    ref = (a.float() @ bt.float().T)
+    flop = 2 * n**3
+
+    def cublas():
+        t = bench.time_gpu(lambda: a @ bt.T, repeat=15)
+        print(f"{'cuBLAS fp16':44} {'':33} {flop / t.median_ms / 1e9:6.1f} TFLOP/s")
+        return t.median_ms
+
+    base = [cublas()]
+    rows = []
+    for spec in sys.argv[2:]:
+        cfg = parse(spec)
+        out.fill_(float("nan"))
+        MM.gemm_mma_raw(a, bt, out, cfg)
+        err = float(((out - ref).abs().max() / ref.abs().max()).item())
+        fn = MM._kernel(cfg.validate(), False, False, False)
+        t = bench.time_gpu(lambda cfg=cfg: MM.gemm_mma_raw(a, bt, out, cfg), repeat=15)
+        rows.append((spec, t.median_ms))
+        print(f"{spec:44} regs {fn.num_regs:3} local {fn.local_size_bytes:4} B  "
+              f"smem {cfg.smem_bytes() // 1024:3} KiB err {err:.1e} "
+              f"{flop / t.median_ms / 1e9:6.1f} TFLOP/s")
+    base.append(cublas())
+    cb = sorted(base)[0]
+    for spec, ms in rows:
+        print(f"{spec:44} {100 * cb / ms:5.1f}% of the faster cuBLAS timing")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
