@@ -5,7 +5,9 @@ modes (1x1 rows of x, gathered (c, r, s) columns), on shapes that are not multip
 any tile (C, K, P*Q odd; several filter tiles; several split parts; stride 2), outputs
 and split workspace poisoned with NaN, against float64; the split-K sum is the same bit
 for bit whichever part finishes last (blocks also run in reverse order), and leaves its
-counters at zero for the next launch; the float4 paths and their scalar fallbacks agree.
+counters at zero for the next launch; the float4 paths and their scalar fallbacks agree;
+the reduction sliced among 2 or 4 thread groups per block (KS) agrees with KS = 1 within
+fp32 rounding and with itself bit for bit.
 The tile rule and `conv_cuda.choose_algorithm` are pinned on ResNet-50's layers. On a GPU
 (marked gpu): the launcher and `conv_cuda.conv2d_cuda` against the reference.
 """
@@ -13,6 +15,7 @@ The tile rule and `conv_cuda.choose_algorithm` are pinned on ResNet-50's layers.
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 
 import numpy as np
@@ -40,15 +43,19 @@ void run_grid_reversed(unsigned gx, unsigned gy, unsigned gz, unsigned nt, Body 
         for (auto& t : ts) t.join();
     }
 }
-#define RUN(BM_, BN_, MODE_) if (bm == BM_ && bn == BN_ && mode == MODE_) { \
-    auto body = [=] { flat_igemm<BM_, BN_, MODE_>(x, w, y, ws, cnt, a[0], a[1], a[2], a[3], \
-        a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], a[16]); }; \
+#define RUN(BM_, BN_, MODE_, KS_) if (bm == BM_ && bn == BN_ && mode == MODE_ && ks == KS_) { \
+    auto body = [=] { flat_igemm<BM_, BN_, MODE_, KS_>(x, w, y, ws, cnt, a[0], a[1], a[2], \
+        a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15], \
+        a[16]); }; \
     if (reversed) run_grid_reversed(gx, gy, gz, nt, body); else run_grid(gx, gy, gz, nt, body); \
     return 0; }
-extern "C" int run_flat(int bm, int bn, int mode, int reversed, unsigned gx, unsigned gy,
-                        unsigned gz, unsigned nt, const float* x, const float* w, float* y,
-                        float* ws, int* cnt, const int* a) {
-    RUN(64, 64, 0) RUN(64, 64, 1) RUN(32, 64, 0) RUN(32, 64, 1) RUN(32, 32, 0) RUN(32, 32, 1)
+#define RUN_KS(BM_, BN_, MODE_) RUN(BM_, BN_, MODE_, 1) RUN(BM_, BN_, MODE_, 2) \
+    RUN(BM_, BN_, MODE_, 4)
+extern "C" int run_flat(int bm, int bn, int mode, int ks, int reversed, unsigned gx,
+                        unsigned gy, unsigned gz, unsigned nt, const float* x, const float* w,
+                        float* y, float* ws, int* cnt, const int* a) {
+    RUN_KS(64, 64, 0) RUN_KS(64, 64, 1) RUN_KS(32, 64, 0) RUN_KS(32, 64, 1)
+    RUN_KS(32, 32, 0) RUN_KS(32, 32, 1)
     return 1;
 }
 """
@@ -72,7 +79,9 @@ def run_on_cpu(lib, x, w, kw, tile, flags=None, reversed=False, ws_fill=np.nan):
     cnt = np.zeros(a["tiles"], np.int32)
     args = np.array([*a["ints"], flags], np.int32)
     ptr = [ctypes.c_void_p(v.ctypes.data) for v in (x, w, out, ws, cnt, args)]
-    rc = lib.run_flat(tile.BM, tile.BN, a["mode"], int(reversed), *a["grid"], tile.threads, *ptr)
+    assert a["block"] == (tile.threads,)
+    rc = lib.run_flat(tile.BM, tile.BN, a["mode"], tile.KS, int(reversed), *a["grid"],
+                      tile.threads, *ptr)
     assert rc == 0
     return out, ws, cnt
 
@@ -135,18 +144,87 @@ def test_float4_paths_match_the_scalar_ones(lib, tile):
     assert np.array_equal(fast, slow)
 
 
+SLICED_SHAPES = [  # x, w, kwargs: L not a multiple of BK * KS
+    ((2, 37, 7, 7), (70, 37, 1, 1), {}),               # P*Q = 49, L = 37: scalar loads
+    ((1, 40, 6, 10), (33, 40, 1, 1), {}),              # float4 loads and stores
+    ((1, 3, 5, 7), (9, 3, 1, 1), {}),                  # L = 3: groups 1.. get no rows
+    ((2, 24, 9, 11), (20, 24, 1, 1), dict(stride=2)),  # strided rows of x
+    ((2, 4, 9, 8), (6, 4, 3, 3), dict(padding=1)),     # 3x3 padded: gathered (MODE 1)
+    ((1, 3, 13, 11), (10, 3, 7, 7), dict(stride=2, padding=3)),  # 10 slabs of (c, r, s)
+]
+
+
+def _sliced_case(shape, wshape, kw, seed):
+    rng = np.random.default_rng(seed)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    return x, w, check.reference_case(x, w, **kw)
+
+
+def _assert_like_one_group(lib, x, w, kw, case, tile, out):
+    """out (tile's KS) is within fp32 rounding of the same tile with KS = 1, and the same
+    bit for bit when the blocks run in the other order."""
+    one, _, _ = run_on_cpu(lib, x, w, kw, F.Tile(tile.BM, tile.BN, tile.SPLIT))
+    comp = check.compare(out, one, case["absref"], rtol=1e-5)
+    assert comp.ok, comp.summary()
+    again, _, _ = run_on_cpu(lib, x, w, kw, tile, reversed=True)
+    assert np.array_equal(out, again)
+
+
+@pytest.mark.parametrize("bm, bn, ks", [(t.BM, t.BN, t.KS) for t in F.KERNELS if t.KS > 1])
+@pytest.mark.parametrize("shape, wshape, kw", SLICED_SHAPES)
+def test_sliced_reduction_on_the_cpu(lib, ks, bm, bn, shape, wshape, kw):
+    x, w, case = _sliced_case(shape, wshape, kw, sum(shape) + ks + bm + bn)
+    tile = F.Tile(bm, bn, 1, ks)
+    out, _, _ = run_on_cpu(lib, x, w, kw, tile)
+    assert_close_to_reference(out, x, w, **kw)
+    _assert_like_one_group(lib, x, w, kw, case, tile, out)
+
+
+@pytest.mark.parametrize("tile", [F.Tile(32, 32, 3, 2), F.Tile(32, 32, 2, 4),
+                                  F.Tile(64, 64, 2, 2), F.Tile(32, 64, 2, 4)], ids=str)
+@pytest.mark.parametrize("shape, wshape, kw", [SPLIT_SHAPES[0], SPLIT_SHAPES[1],
+                                               SPLIT_SHAPES[3]])
+def test_sliced_and_split_reduction(lib, tile, shape, wshape, kw):
+    x, w, case = _sliced_case(shape, wshape, kw, 13 + tile.KS)
+    p = ref.conv_params(x.shape, w.shape, **kw)
+    parts = F.plan_args(p, tile)["parts"]
+    assert parts > 1
+    out, ws, cnt = run_on_cpu(lib, x, w, kw, tile)
+    assert_close_to_reference(out, x, w, **kw)
+    assert not cnt.any()
+    want = ws.reshape(parts, -1)[0].copy()
+    for z in range(1, parts):
+        want += ws.reshape(parts, -1)[z]
+    assert np.array_equal(out.ravel(), want)  # each part's slice written by group 0
+    _assert_like_one_group(lib, x, w, kw, case, tile, out)
+
+
+def test_sliced_float4_paths_match_the_scalar_ones(lib):
+    x, w, kw = SHAPES[1]
+    rng = np.random.default_rng(17)
+    x, w = check.random_array(x, rng), check.random_array(w, rng)
+    for tile in (F.Tile(32, 32, 1, 4), F.Tile(64, 64, 2, 2)):
+        fast, _, _ = run_on_cpu(lib, x, w, kw, tile)
+        slow, _, _ = run_on_cpu(lib, x, w, kw, tile, flags=0)
+        assert np.array_equal(fast, slow), tile
+
+
 # The rule, pinned: tile and split at batch 1; at batch 32 and 128
 # every one of these layers keeps the algorithm it had before ('implicit_gemm', the stem
 # 'im2col_fused').
+# The few-tile grids (choose's fallback) slice each slab among SMALL_GRID_KS groups.
+_KS = f" ks{F.SMALL_GRID_KS}" if F.SMALL_GRID_KS > 1 else ""
 BATCH1 = {
-    "stem 7x7/2": "32x32", "1x1 64->64 56x56": "32x32", "1x1 64->256 56x56": "32x32",
-    "1x1 256->64 56x56": "32x32 split3", "1x1 256->128 56x56": "32x32 split2",
-    "1x1 256->512 56x56/2": "32x32 split2", "1x1 128->512 28x28": "32x32 split2",
-    "1x1 512->128 28x28": "32x32 split6", "1x1 512->256 28x28": "32x32 split3",
-    "1x1 512->1024 28x28/2": "32x32 split3", "1x1 256->1024 14x14": "32x32 split3",
-    "1x1 1024->256 14x14": "32x32 split10", "1x1 1024->512 14x14": "32x32 split5",
-    "1x1 1024->2048 14x14/2": "32x32 split5", "1x1 512->2048 7x7": "32x32 split5",
-    "1x1 2048->512 7x7": "32x32 split16"}
+    "stem 7x7/2": "32x32", "1x1 64->64 56x56": "32x32" + _KS, "1x1 64->256 56x56": "32x32",
+    "1x1 256->64 56x56": "32x32 split3" + _KS, "1x1 256->128 56x56": "32x32 split2" + _KS,
+    "1x1 256->512 56x56/2": "32x32 split2" + _KS, "1x1 128->512 28x28": "32x32 split2" + _KS,
+    "1x1 512->128 28x28": "32x32 split6" + _KS, "1x1 512->256 28x28": "32x32 split3" + _KS,
+    "1x1 512->1024 28x28/2": "32x32 split3" + _KS,
+    "1x1 256->1024 14x14": "32x32 split3" + _KS,
+    "1x1 1024->256 14x14": "32x32 split10" + _KS,
+    "1x1 1024->512 14x14": "32x32 split5" + _KS,
+    "1x1 1024->2048 14x14/2": "32x32 split5" + _KS, "1x1 512->2048 7x7": "32x32 split5" + _KS,
+    "1x1 2048->512 7x7": "32x32 split16" + _KS}
 
 
 def _params(layer, batch):
@@ -183,17 +261,21 @@ def test_tile_rule_edges():
     def tile(x, w, **kw):
         return str(F.choose(ref.conv_params(x, w, **kw)))
 
-    assert tile((1, 8, 4, 4), (8, 8, 1, 1)) == "32x32"  # tiny: no split below 4 slabs
-    assert tile((1, 4096, 2, 2), (40, 4096, 1, 1)) == "32x32 split16"  # split capped
+    assert tile((1, 8, 4, 4), (8, 8, 1, 1)) == "32x32" + _KS  # tiny: no split below 4 slabs
+    assert tile((1, 4096, 2, 2), (40, 4096, 1, 1)) == "32x32 split16" + _KS  # split capped
+    assert F.choose(ref.conv_params((1, 512, 7, 7), (2048, 512, 1, 1)), ks=4) == F.Tile(
+        32, 32, 5, 4)
     assert tile((8, 64, 56, 56), (256, 64, 1, 1)) == "64x64"  # enough tiles: the largest
     assert tile((1, 64, 150, 150), (64, 64, 1, 1)) == "32x64"  # 352 tiles of 64x64, 704
-    assert tile((1, 64, 30, 30), (48, 64, 1, 1)) == "32x32"  # 64-row tiles taller than K
+    assert tile((1, 64, 30, 30), (48, 64, 1, 1)) == "32x32" + _KS  # 64-row tiles > K
 
 
 def test_refusals():
     p = ref.conv_params((1, 8, 5, 5), (4, 8, 1, 1))
     with pytest.raises(ValueError, match="no kernel for tile"):
         F.plan_args(p, F.Tile(128, 64))
+    with pytest.raises(ValueError, match="no kernel for tile 32x32 ks3"):
+        F.plan_args(p, F.Tile(32, 32, 1, 3))
     big = ref.conv_params((1, 2**16, 2**8, 2**8), (4, 2**16, 1, 1))
     with pytest.raises(Unsupported, match="32-bit"):
         F.plan_args(big, F.Tile())
@@ -230,20 +312,21 @@ class _FakeModule:
         self.lib = lib
 
     def get_function(self, name):
-        bm, bn, mode = (int(v) for v in name[name.index("<") + 1:-1].split(","))
+        bm, bn, mode, ks = (int(v) for v in name[name.index("<") + 1:-1].split(","))
 
         def launch(grid, block, args):
             x, w, y, ws, cnt = (a.ctypes.data if isinstance(a, np.ndarray) else int(a)
                                 for a in args[:5])
             ints = np.array([int(v) for v in args[5:]], np.int32)
             assert len(ints) == 17 and args[-1] in range(8)  # the flags last
-            assert self.lib.run_flat(bm, bn, mode, 0, *grid, block[0],
+            assert block[0] == ks * 64
+            assert self.lib.run_flat(bm, bn, mode, ks, 0, *grid, block[0],
                                      *(ctypes.c_void_p(v) for v in (x, w, y, ws, cnt)),
                                      ctypes.c_void_p(ints.ctypes.data)) == 0
         return launch
 
 
-@pytest.mark.parametrize("tile", [None, F.Tile(32, 64, 3)], ids=str)
+@pytest.mark.parametrize("tile", [None, F.Tile(32, 64, 3), F.Tile(32, 32, 2, 4)], ids=str)
 @pytest.mark.parametrize("shape, wshape, kw", [SHAPES[1], SPLIT_SHAPES[0], SHAPES[3]])
 def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, wshape, kw):
     import sys
@@ -272,7 +355,16 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
 @pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
 def test_source_compiles():
     ptx = F.compile_ptx()
-    assert ptx.count(".entry") == len(F.TILES) * len(F.MODES)
+    for t in F.KERNELS:  # each kernel's block size, as its launches use it
+        assert f".maxntid {t.threads}, 1, 1" in ptx
+    # static shared memory of every entry, as declared in its PTX, within the 48 KiB that
+    # a kernel may declare statically (ptxas refuses more at load time, not NVRTC here)
+    for body in ptx.split(".entry")[1:]:
+        decl = re.findall(r"\.shared \.align \d+ \.(?:b8|u32|b32) \S+?(?:\[(\d+)\])?;", body)
+        total = sum(int(n) if n else 4 for n in decl)
+        assert 0 < total <= F.STATIC_SMEM, (body[:80], total)
+    assert ptx.count(".entry") == len(F.KERNELS) * len(F.MODES)
+    assert len(F.KERNELS) == len(F.TILES) * len(F.KS_CHOICES) - 1  # 64x64 ks4 does not fit
 
 
 @pytest.mark.gpu
@@ -289,6 +381,7 @@ def test_launcher_on_gpu(x, w, kw):
     xd, wd = cuda.to_device(xs), cuda.to_device(ws)
     results = []
     for fn in (F.conv2d_flat_igemm_cuda, F.make_launcher(F.Tile(32, 32, 3)),
+               F.make_launcher(F.Tile(32, 32, 3, 4)), F.make_launcher(F.Tile(64, 64, 1, 2)),
                conv_cuda.conv2d_cuda):
         for _ in range(2):
             out = cuda.to_device(check.poisoned(p.out_shape))

@@ -249,7 +249,8 @@ def kernel_for(tile: Tile, mode: int):
 
 
 def plan_args(p, tile: Tile) -> dict:
-    """Grid, parts and the int64 parameters (prm) of one launch for ConvParams p."""
+    """Grid, parts and the int64 parameters (prm) of one launch for ConvParams p (the
+    tile's KS, the CUDA C kernel's sliced reduction, is ignored: one group of 64 threads)."""
     if (tile.BM, tile.BN) not in {(t.BM, t.BN) for t in TILES} or tile.SPLIT < 1:
         raise ValueError(f"conv10_flat_igemm: no kernel for tile {tile}")
     slabs = ceil_div(p.C * p.R * p.S, BK)
@@ -279,7 +280,7 @@ def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm"):
         if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
             return plan
         p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
-        t = tile or choose(p)
+        t = tile or choose(p, ks=1)  # one group of 64 threads: no sliced reduction here
         a = plan_args(p, t)
         split = a["parts"] > 1
         plan = dict(a, tile=t, run=configured(kernel_for(t, a["mode"]), a["grid"], 64),

@@ -16,6 +16,10 @@ loads) and, when even 32x32 tiles give fewer, the reduction is split (`split_par
 The parts write their sums to a workspace; the last part of each
 tile to finish adds them in the fixed order 0, 1, 2, ... (a counter per tile, reset by
 that block), so results are reproducible from run to run, whichever part finishes first.
+Those few-tile grids also slice each slab's reduction inside the block (``KS`` groups of
+64 threads, `SMALL_GRID_KS`): each group multiplies BK/KS of a slab's rows into its own
+sums, group 0 adds the others' in a fixed order; the block loads each slab with KS times
+the threads, so an SM has KS times the warps to hide load and shared-memory latency.
 A launcher's workspace and counters belong to its shape: one stream at a time.
 
 NCHW float32, any stride / padding / dilation, groups 1. Needs CuPy.
@@ -38,26 +42,45 @@ BK = 16  # reduction indices per slab (the source's BK)
 
 @dataclass(frozen=True)
 class Tile:
-    """BM filters x BN output pixels per block, the reduction split into SPLIT parts."""
+    """BM filters x BN output pixels per block, the reduction split into SPLIT parts
+    (blocks) and each slab of it sliced among KS groups of threads (inside a block)."""
 
     BM: int = 64
     BN: int = 64
     SPLIT: int = 1
+    KS: int = 1
 
     @property
     def threads(self) -> int:
-        return (self.BM // (8 if self.BM >= 64 else 4)) * (self.BN // (8 if self.BN >= 64 else 4))
+        tm, tn = (8 if self.BM >= 64 else 4), (8 if self.BN >= 64 else 4)
+        return self.KS * (self.BM // tm) * (self.BN // tn)
 
     def name_expression(self, mode: int) -> str:
-        return f"flat_igemm<{self.BM}, {self.BN}, {mode}>"
+        return f"flat_igemm<{self.BM}, {self.BN}, {mode}, {self.KS}>"
 
     def __str__(self):
-        return f"{self.BM}x{self.BN}" + (f" split{self.SPLIT}" if self.SPLIT > 1 else "")
+        return (f"{self.BM}x{self.BN}" + (f" split{self.SPLIT}" if self.SPLIT > 1 else "")
+                + (f" ks{self.KS}" if self.KS > 1 else ""))
 
 
 # Largest first; `choose` takes the first that fills the GPU.
 TILES = (Tile(64, 64), Tile(32, 64), Tile(32, 32))
 MODES = (0, 1)  # 0: 1x1 without padding (rows of x), 1: gathered (c, r, s) columns
+KS_CHOICES = (1, 2, 4)  # groups a block's slab reduction can be sliced among
+STATIC_SMEM = 48 * 1024  # bytes of static shared memory a kernel may declare
+
+
+def smem_bytes(t: Tile) -> int:
+    """Static shared memory of tile t's kernel: the larger of the two slab buffers and the
+    partial sums of groups 1..KS-1 (a union), plus the split-K flag."""
+    slabs = 2 * BK * (t.BM + t.BN) * 4
+    return max(slabs, (t.KS - 1) * t.BM * t.BN * 4) + 4
+
+
+# Every compiled kernel: each tile with each KS whose shared memory fits (SPLIT is a
+# launch argument, not a kernel).
+KERNELS = tuple(Tile(t.BM, t.BN, 1, ks) for t in TILES for ks in KS_CHOICES
+                if smem_bytes(Tile(t.BM, t.BN, 1, ks)) <= STATIC_SMEM)
 
 
 def mode_of(p) -> int:
@@ -66,6 +89,7 @@ def mode_of(p) -> int:
 
 
 TARGET_BLOCKS = 4 * SMS  # blocks of 64 threads wanted: 8 warps per SM (H200: 132 SMs)
+SMALL_GRID_KS = 1  # KS of choose's 32x32 fallback (few tiles); KS 2 and 4 are built, untimed
 
 
 def split_parts(blocks: int, slabs: int, target: int = TARGET_BLOCKS) -> int:
@@ -74,10 +98,11 @@ def split_parts(blocks: int, slabs: int, target: int = TARGET_BLOCKS) -> int:
     return max(1, min(MAX_SPLIT_K, ceil_div(target, blocks), slabs // 4))
 
 
-def choose(p) -> Tile:
+def choose(p, ks: int | None = None) -> Tile:
     """The tile for ConvParams p: the largest of `TILES` (no taller than the filters, when
     a shorter one exists) whose grid has `TARGET_BLOCKS` blocks, else 32x32 with the
-    reduction split (`split_parts`) towards that many."""
+    reduction split (`split_parts`) towards that many and each slab sliced among
+    `ks` (default `SMALL_GRID_KS`) groups of threads."""
     npq = p.N * p.P * p.Q
     fits = [t for t in TILES if t.BM <= p.K] or [TILES[-1]]
     for t in fits:
@@ -85,18 +110,19 @@ def choose(p) -> Tile:
             return t
     t = TILES[-1]
     blocks = ceil_div(p.K, t.BM) * ceil_div(npq, t.BN)
-    return Tile(t.BM, t.BN, split_parts(blocks, ceil_div(p.C * p.R * p.S, BK)))
+    return Tile(t.BM, t.BN, split_parts(blocks, ceil_div(p.C * p.R * p.S, BK)),
+                SMALL_GRID_KS if ks is None else ks)
 
 
 _MODULE: list = []
 
 
 def _module():
-    """One CuPy RawModule with every tile and mode (compiled once, at the first call)."""
+    """One CuPy RawModule with every tile, KS and mode (compiled once, at the first call)."""
     if not _MODULE:
         import cupy as cp
 
-        names = tuple(t.name_expression(m) for t in TILES for m in MODES)
+        names = tuple(t.name_expression(m) for t in KERNELS for m in MODES)
         _MODULE.append(cp.RawModule(code=SOURCE_PATH.read_text(), options=("-std=c++17",),
                                     name_expressions=names))
     return _MODULE[0]
@@ -109,7 +135,7 @@ def plan_args(p, tile: Tile) -> dict:
     if max(p.N * p.C * p.H * p.W, p.N * p.K * p.P * p.Q, p.K * L) >= 2**31:
         raise Unsupported("flat_igemm_cuda uses 32-bit indices: tensors must have fewer "
                           "than 2**31 elements")
-    if (tile.BM, tile.BN) not in {(t.BM, t.BN) for t in TILES} or tile.SPLIT < 1:
+    if Tile(tile.BM, tile.BN, 1, tile.KS) not in KERNELS or tile.SPLIT < 1:
         raise ValueError(f"flat_igemm_cuda: no kernel for tile {tile}")
     slabs = ceil_div(L, BK)
     per = ceil_div(slabs, tile.SPLIT)
@@ -166,7 +192,8 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile):
 
 
 def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda"):
-    """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`."""
+    """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`
+    (its BM, BN, SPLIT and KS all forced, e.g. ``Tile(32, 32, 5, 4)``)."""
 
     @launcher
     def conv2d(x, w, out, stride=1, padding=0, dilation=1, groups=1):
@@ -192,8 +219,8 @@ conv2d_flat_igemm_cuda.__doc__ = (
 
 
 def compile_ptx(arch: str = "compute_90") -> str:
-    """PTX of every tile and mode, compiled by NVRTC (no GPU needed)."""
+    """PTX of every tile, KS and mode, compiled by NVRTC (no GPU needed)."""
     from ._nvrtc import nvrtc_ptx
 
     return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu",
-                     [t.name_expression(m) for t in TILES for m in MODES], arch)
+                     [t.name_expression(m) for t in KERNELS for m in MODES], arch)

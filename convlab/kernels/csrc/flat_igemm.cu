@@ -4,10 +4,16 @@
 // No weight transform, no memset, no second kernel: one launch per convolution.
 // MODE 0: 1x1, no padding: B[c, j] = x[n, c, p sh, q sw] (contiguous rows for stride 1).
 // MODE 1: anything else: B[l, j] = x[n, c, p sh - ph + r dh, q sw - pw + s dw], zero outside.
-// A block computes BM filters x BN pixels (64 x 64, 32 x 64 or 32 x 32: 64 threads), a
-// thread TM x TN of them as (TM/4) x (TN/4) sub-blocks of 4 x 4, so its shared-memory
-// reads are float4s. Slabs of BK reduction indices; the next slab's global loads wait in registers
-// while this one is multiplied (two shared buffers, one barrier per slab).
+// A block computes BM filters x BN pixels (64 x 64, 32 x 64 or 32 x 32: NT0 = 64 threads per
+// group), a thread TM x TN of them as (TM/4) x (TN/4) sub-blocks of 4 x 4, so its
+// shared-memory reads are float4s. Slabs of BK reduction indices; the next slab's global
+// loads wait in registers while this one is multiplied (two shared buffers, one barrier per
+// slab).
+// Sliced K (KS groups of NT0 threads, KS = 1, 2 or 4): all KS * NT0 threads load each slab
+// (1/KS of it each), group g multiplies its rows kk in [g BK/KS, (g+1) BK/KS) into its own
+// TM x TN sums; after the reduction groups 1..KS-1 leave theirs in shared memory (over the
+// slab buffers) and group 0 adds them in the order 1, 2, ..., KS-1, then stores. More warps
+// per SM for the same grid, when the grid is too small to fill the GPU.
 // Split-K (gridDim.z parts): part z reduces slabs [z T/Z, (z+1) T/Z) into its own slice of
 // ws (y's layout); the last part of a tile to finish (a counter per tile) adds the slices
 // in the order 0, 1, ..., Z-1 into y and resets the counter to zero for the next launch:
@@ -53,8 +59,8 @@ __device__ __forceinline__ void each_output(int m0, int n0, int tx, int ty, int 
     }
 }
 
-template <int BM, int BN, int MODE>
-__global__ void __launch_bounds__((BM / (BM >= 64 ? 8 : 4)) * (BN / (BN >= 64 ? 8 : 4)))
+template <int BM, int BN, int MODE, int KS = 1>
+__global__ void __launch_bounds__(KS * (BM / (BM >= 64 ? 8 : 4)) * (BN / (BN >= 64 ? 8 : 4)))
 flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
            float* __restrict__ ws, int* __restrict__ counters,
            int N, int C, int H, int W, int K, int R, int S, int P, int Q,
@@ -63,19 +69,29 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
     constexpr int TM = BM >= 64 ? 8 : 4, TN = BN >= 64 ? 8 : 4;   // outputs per thread
     constexpr int MH = TM / 4, NH = TN / 4;                         // 4 x 4 sub-blocks
     constexpr int TXN = BN / TN;                                     // threads along pixels
-    constexpr int NT = (BM / TM) * TXN;
-    constexpr int A_F4 = BM * BK / 4 / NT;        // float4 pieces of A per thread per slab
-    constexpr int B_F4 = BK * BN / 4 / NT;
-    constexpr int B_ROWS = NT / (BN / 4);         // rows of a B slab loaded in one pass
-    static_assert(A_F4 * NT * 4 == BM * BK && B_F4 * NT * 4 == BK * BN, "tile vs threads");
+    constexpr int NT0 = (BM / TM) * TXN;          // threads of one group
+    constexpr int NT = KS * NT0;
+    constexpr int KG = BK / KS;                   // rows kk of a slab per group
+    constexpr int A_PIECES = BM * BK / 4;         // float4 pieces of an A slab
+    constexpr int A_F4 = (A_PIECES + NT - 1) / NT;  // ... per thread (fewer: some idle)
+    constexpr int B_ROWS = NT / (BN / 4);         // rows of a B slab in one pass (> BK: idle)
+    constexpr int B_F4 = (BK + B_ROWS - 1) / B_ROWS;
+    static_assert(KS == 1 || KS == 2 || KS == 4, "sliced K: 1, 2 or 4 groups");
     static_assert(NT % (BN / 4) == 0, "a thread loads the same 4 pixels of every B row");
 
-    __shared__ __align__(16) float As[2][BK][BM];
-    __shared__ __align__(16) float Bs[2][BK][BN];
+    // the slab buffers, and over them the partial sums of groups 1..KS-1 at the end
+    union Smem {
+        struct Slabs { float A[2][BK][BM]; float B[2][BK][BN]; } s;
+        float part[(KS > 1 ? KS - 1 : 1) * BM * BN];
+    };
+    __shared__ __align__(16) Smem sm;
     __shared__ int s_last;
+    auto& As = sm.s.A;
+    auto& Bs = sm.s.B;
 
     const int tid = threadIdx.x;
-    const int tx = tid % TXN, ty = tid / TXN;
+    const int grp = KS == 1 ? 0 : tid / NT0, lt = KS == 1 ? tid : tid % NT0;
+    const int tx = lt % TXN, ty = lt / TXN;
     const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
     const int L = C * R * S, HW = H * W, PQ = P * Q, NPQ = N * PQ, RS = R * S;
     const int T = (L + BK - 1) / BK;
@@ -103,7 +119,7 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
             const int m = m0 + r, l = l0 + c;
             const float* src = w + (size_t)m * L + l;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (m < K) {
+            if ((A_PIECES % NT == 0 || idx < A_PIECES) && m < K) {
                 if (a_vec && l + 3 < L) {
                     v = *reinterpret_cast<const float4*>(src);
                 } else {
@@ -119,7 +135,7 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         for (int i = 0; i < B_F4; ++i) {
             const int l = l0 + b_r + i * B_ROWS;
             float e4[4] = {0.f, 0.f, 0.f, 0.f};
-            if (l < L) {
+            if ((BK % B_ROWS == 0 || b_r + i * B_ROWS < BK) && l < L) {
                 if (MODE == 0) {
                     if (b_vec) {
                         if (xoff[0] >= 0) {
@@ -149,6 +165,7 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
 #pragma unroll
         for (int i = 0; i < A_F4; ++i) {
             const int idx = tid + i * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
+            if (A_PIECES % NT != 0 && idx >= A_PIECES) continue;
             As[buf][c + 0][r] = ra[i].x;
             As[buf][c + 1][r] = ra[i].y;
             As[buf][c + 2][r] = ra[i].z;
@@ -156,7 +173,8 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         }
 #pragma unroll
         for (int i = 0; i < B_F4; ++i)
-            *reinterpret_cast<float4*>(&Bs[buf][b_r + i * B_ROWS][b_c4]) = rb[i];
+            if (BK % B_ROWS == 0 || b_r + i * B_ROWS < BK)
+                *reinterpret_cast<float4*>(&Bs[buf][b_r + i * B_ROWS][b_c4]) = rb[i];
     };
 
     float acc[TM][TN];
@@ -174,7 +192,8 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         const int buf = (t - t0) & 1;
         if (t + 1 < t1) fetch(t + 1);
 #pragma unroll
-        for (int kk = 0; kk < BK; ++kk) {
+        for (int k = 0; k < KG; ++k) {
+            const int kk = grp * KG + k;
             float a[TM], b[TN];
 #pragma unroll
             for (int h = 0; h < MH; ++h) {
@@ -195,17 +214,40 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         __syncthreads();
     }
 
+    // sliced K: group 0 adds the other groups' sums in the order 1, 2, ..., KS-1 (the slab
+    // buffers are free: every thread has passed the last slab's barrier)
+    if (KS > 1) {
+        if (grp > 0) {
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int jj = 0; jj < TN; ++jj)
+                    sm.part[(((grp - 1) * TM + i) * TN + jj) * NT0 + lt] = acc[i][jj];
+        }
+        __syncthreads();
+        if (grp == 0) {
+            for (int g = 1; g < KS; ++g)
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int jj = 0; jj < TN; ++jj)
+                        acc[i][jj] += sm.part[(((g - 1) * TM + i) * TN + jj) * NT0 + lt];
+        }
+    }
+
     // epilogue: element (m, j) of y lives at (img K + m) PQ + pq; ws slices share the layout
     const size_t n_out = (size_t)N * K * PQ;
     const int parts = gridDim.z;
     float* dst = parts > 1 ? ws + blockIdx.z * n_out : y;
-    each_output<BM, BN, TM, NH, MH>(
-        m0, n0, tx, ty, K, PQ, NPQ, y_vec,
-        [&](int i, int g, size_t o) {
-            const float* v = &acc[i][4 * g];
-            *reinterpret_cast<float4*>(&dst[o]) = make_float4(v[0], v[1], v[2], v[3]);
-        },
-        [&](int i, int g, int e, size_t o) { dst[o] = acc[i][4 * g + e]; });
+    if (grp == 0) {  // only group 0 holds the sums; every thread still reaches the barriers
+        each_output<BM, BN, TM, NH, MH>(
+            m0, n0, tx, ty, K, PQ, NPQ, y_vec,
+            [&](int i, int g, size_t o) {
+                const float* v = &acc[i][4 * g];
+                *reinterpret_cast<float4*>(&dst[o]) = make_float4(v[0], v[1], v[2], v[3]);
+            },
+            [&](int i, int g, int e, size_t o) { dst[o] = acc[i][4 * g + e]; });
+    }
     if (parts == 1) return;
 
     // split-K: the last part of this tile to arrive sums the slices in a fixed order
@@ -218,7 +260,7 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         if (s_last) *count = 0;  // every part has counted: ready for the next launch
     }
     __syncthreads();
-    if (!s_last) return;
+    if (!s_last || grp != 0) return;
     __threadfence();
     each_output<BM, BN, TM, NH, MH>(
         m0, n0, tx, ty, K, PQ, NPQ, y_vec,

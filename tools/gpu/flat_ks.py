@@ -1,0 +1,124 @@
+"""The one-launch GEMM's sliced reduction (KS) on ResNet-50's batch-1 1x1 layers, beside cuDNN.
+
+    python3 tools/gpu/flat_ks.py                 # table; $OUT/flat_ks.json (about a minute)
+    python3 tools/gpu/flat_ks.py "1x1 512->2048 7x7"   # only the layers named
+
+Per layer: cuDNN fp32 (TF32 off), the rule (`flat_igemm_cuda.choose`), and the 32x32 tile
+forced to KS = 1, 2, 4 groups of 64 threads, each with the reduction split towards 4, 2 or
+1 blocks per SM (`split_parts`: more threads per block may want fewer parts). Every output
+is checked against float64 (poisoned first) before it is timed with
+`bench.time_gpu_queued`.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import convlab
+
+convlab.setup("gpu")
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from convlab import baselines, check, problems  # noqa: E402
+from convlab import bench as timing  # noqa: E402
+from convlab import reference as ref  # noqa: E402
+from convlab.kernels import flat_igemm_cuda as F  # noqa: E402
+from convlab.kernels._launch import ceil_div  # noqa: E402
+
+LAYERS = ("1x1 512->2048 7x7", "1x1 256->1024 14x14", "1x1 512->1024 28x28/2",
+          "1x1 256->512 56x56/2", "1x1 128->512 28x28", "1x1 512->256 28x28",
+          "1x1 256->128 56x56", "1x1 64->64 56x56")
+TARGETS = {"4/SM": F.TARGET_BLOCKS, "2/SM": F.TARGET_BLOCKS // 2, "1/SM": F.TARGET_BLOCKS // 4}
+
+
+def tiles_for(p):
+    """name -> Tile: 32x32 with each KS and each split target (duplicates dropped)."""
+    blocks = ceil_div(p.K, 32) * ceil_div(p.N * p.P * p.Q, 32)
+    slabs = ceil_div(p.C * p.R * p.S, F.BK)
+    out, seen = {}, set()
+    for ks in F.KS_CHOICES:
+        for tname, target in TARGETS.items():
+            t = F.Tile(32, 32, F.split_parts(blocks, slabs, target) if blocks < target else 1, ks)
+            if t not in seen:
+                seen.add(t)
+                out[f"ks{ks} split to {tname}"] = t
+    return out
+
+
+def time_us(fn):
+    return 1e3 * timing.time_gpu_queued(fn, calls=50, repeat=7).median_ms
+
+
+def run_layer(layer, rng):
+    torch = baselines.set_torch_precision("fp32")
+    prob = layer.with_batch(1)
+    p = ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
+    xh, wh = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
+    case = check.reference_case(xh, wh, **prob.kwargs)
+    x, w = cp.asarray(xh), cp.asarray(wh)
+    tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+    kw = prob.kwargs
+    cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
+    row = dict(layer=layer.name, cudnn_us=cudnn, rule=str(F.choose(p)), configs=[])
+    runs = {"rule": (F.choose(p), F.conv2d_flat_igemm_cuda)}
+    runs.update({name: (t, F.make_launcher(t)) for name, t in tiles_for(p).items()})
+    for name, (tile, fn) in runs.items():
+        out = cp.asarray(check.poisoned(p.out_shape))
+        fn(x, w, out, **kw)
+        comp = check.compare(cp.asnumpy(out), case["expected"], case["absref"],
+                             reduction=case["reduction"])
+        entry = dict(name=name, tile=str(tile), threads=tile.threads,
+                     grid=list(F.plan_args(p, tile)["grid"]), ok=bool(comp.ok))
+        if comp.ok:
+            us = time_us(lambda fn=fn, out=out: fn(x, w, out, **kw))
+            entry.update(us=us, pct_cudnn=100 * cudnn / us)
+        else:
+            entry["error"] = comp.summary()
+        row["configs"].append(entry)
+    row["cudnn_us_after"] = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
+    return row
+
+
+def print_row(row):
+    print(f"\n{row['layer']}: cuDNN {row['cudnn_us']:.1f} us (after: "
+          f"{row['cudnn_us_after']:.1f}), rule {row['rule']}")
+    for c in row["configs"]:
+        grid = "x".join(map(str, c["grid"]))
+        cell = (f"{c['us']:7.1f} us {c['pct_cudnn']:5.0f}%" if c["ok"] else
+                f"WRONG: {c['error'][:80]}")
+        print(f"  {c['name']:<18} {c['tile']:<20} grid {grid:<10} x{c['threads']:<4} {cell}")
+    ok = [c for c in row["configs"] if c["ok"]]
+    if ok:
+        best = min(ok, key=lambda c: c["us"])
+        print(f"  best: {best['tile']} {best['us']:.1f} us, {best['pct_cudnn']:.0f}% of cuDNN")
+
+
+def main(argv) -> int:
+    names = argv or LAYERS
+    layers = {lay.name: lay for lay in problems.RESNET50}
+    missing = [n for n in names if n not in layers]
+    if missing:
+        print(f"unknown layers: {missing}; known: {sorted(layers)}")
+        return 2
+    rng = np.random.default_rng(1)
+    rows = []
+    for n in names:
+        rows.append(run_layer(layers[n], rng))
+        print_row(rows[-1])
+    print("\nlayer                     rule                    rule %   best (tile: %)")
+    for row in rows:
+        ok = [c for c in row["configs"] if c["ok"]]
+        rule = next(c for c in row["configs"] if c["name"] == "rule")
+        best = min(ok, key=lambda c: c["us"]) if ok else None
+        print(f"{row['layer']:<26}{row['rule']:<24}{rule.get('pct_cudnn', float('nan')):6.0f}"
+              f"   {best['tile'] + ': ' + format(best['pct_cudnn'], '.0f') if best else '-'}")
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "flat_ks.json").write_text(json.dumps(dict(rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
