@@ -8,6 +8,8 @@ swizzle) x {baseline, FRAG_PIPE, GPTR, both, both + SERPENTINE} (mma_sync.cu's s
 fp16 inputs, fp32 output, a (n, n) @ bt (n, n)^T; each output checked against float64 of
 the rounded inputs at the fp32 tolerance, twice (same bits), before it is timed by CUDA
 events (warm-up, median of groups) -- the checks and timings of `measure.tensor_cores`.
+TILESET=wide: BK 64 and 4 stages on the 8-warp tiles and other rasterization groups.
+TILESET=persist: the two best tiles with FRAG_PIPE + GPTR, without and with PERSIST.
 Variants not started within BUDGET_S seconds (default 80) are rows marked skipped.
 """
 
@@ -31,10 +33,23 @@ TILES = {"128x128x32 s4": replace(MM.STEP3, BK=32, STAGES=4),
          "128x256x32 s3": replace(MM.STEP3, BN=256, BK=32, STAGES=3),
          "128x256x32 s4": replace(MM.STEP3, BN=256, BK=32, STAGES=4),
          "256x128x32 s3": replace(MM.STEP3, BM=256, BK=32, STAGES=3)}
+if os.environ.get("TILESET") == "wide":   # BK 64 and 4 stages on the 8-warp tiles, rasterization
+    TILES = {"128x128x32 s4": replace(MM.STEP3, BK=32, STAGES=4),
+             "128x128x32 s4 g16": replace(MM.STEP3, BK=32, STAGES=4, GROUP_M=16),
+             "256x128x32 s4": replace(MM.STEP3, BM=256, BK=32, STAGES=4),
+             "256x128x64 s3": replace(MM.STEP3, BM=256, BK=64, STAGES=3),
+             "128x256x64 s3": replace(MM.STEP3, BN=256, BK=64, STAGES=3),
+             "256x128x32 s4 g4": replace(MM.STEP3, BM=256, BK=32, STAGES=4, GROUP_M=4)}
 SWITCHES = {"baseline": {}, "FRAG_PIPE": dict(FRAG_PIPE=1), "GPTR": dict(GPTR=1),
             "both": dict(FRAG_PIPE=1, GPTR=1),
             "both+serp": dict(FRAG_PIPE=1, GPTR=1, SERPENTINE=1),
             "FRAG_PIPE f16 out": dict(FRAG_PIPE=1, OUT16=True)}  # C in fp16, as cuBLAS writes
+if os.environ.get("TILESET") == "wide":
+    SWITCHES = {k: SWITCHES[k] for k in ("baseline", "FRAG_PIPE", "both", "FRAG_PIPE f16 out")}
+if os.environ.get("TILESET") == "persist":   # persistent blocks: min(tiles, SMs), 1 per SM
+    TILES = {"128x256x64 s3": replace(MM.STEP3, BN=256, BK=64, STAGES=3),
+             "256x128x64 s3": replace(MM.STEP3, BM=256, BK=64, STAGES=3)}
+    SWITCHES = {"both": SWITCHES["both"], "both+persist": dict(FRAG_PIPE=1, GPTR=1, PERSIST=1)}
 BUDGET_S = float(os.environ.get("BUDGET_S", 80))   # variants not started after this: skipped
 
 
@@ -47,6 +62,8 @@ def run_size(ctx, n):
     out = torch.empty(n, n, device="cuda", dtype=torch.float32)
     o16 = torch.empty(n, n, device="cuda", dtype=torch.float16)
     rows = []
+    TC._try(rows, "cuBLAS fp16 first", lambda: TC._library_row(
+        ctx, "cuBLAS fp16 first", lambda: a @ bt.T, flops, "fp16"))   # clock drift check
 
     def variant(tile, sw, cfg, half):
         name = f"{tile} {sw}"
