@@ -7,12 +7,9 @@
   conflicts, cp.async writes against ldmatrix reads for races (no barrier between them),
   operand reads for bounds, the output for writes past its end. The scheduling switches
   (fragment double buffering, per-thread pointers, serpentine order) run alone and
-  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused). Persistent
-  blocks (PERSIST) walk tiles on grids that do not divide the tile count, the next tile's
-  copies in flight during the epilogue.
+  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused).
 - Planted bugs in its index logic (fragment order, swizzle, conv gather, masks, waits,
-  barriers, slot reuse, fragment sets, pointers, rasterization, the persistent tile walk)
-  make those checks fail.
+  barriers, slot reuse, fragment sets, pointers, rasterization) make those checks fail.
 - Every ladder step (sm_80 and sm_90) and every candidate (sm_90) compiles with NVRTC to
   PTX holding the instructions the lesson names.
 """
@@ -65,19 +62,9 @@ BOTH32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1)     # 2 A, 4 B c
 BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1)
 SERP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, SERPENTINE=1)
 SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP)
-# persistent blocks: plain cp.async (the last slab's fragments read after its barrier) and
-# with FRAG_PIPE + GPTR (grouped rasterization; BK 32 / 64)
-PERS = Cfg(32, 32, 32, 16, 16, STAGES=4, PERSIST=1)
-PERS_BOTH = Cfg(32, 64, 32, 32, 32, STAGES=3, FRAG_PIPE=1, GPTR=1, PERSIST=1, GROUP_M=2)
-PERS_BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1, PERSIST=1)
-PERSISTENT = (PERS, PERS_BOTH, PERS_BOTH64)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
-# (M, N, K), persistent grid: tile counts (7, 3 or 2; 12 or 6; 4 or 2 at 32 x 32 or 32 x 64)
-# that the grid does not divide, a block walking all tiles, more blocks than tiles
-PERSIST_CASES = [((200, 30, 168), (3,)), ((70, 100, 424), (5,)), ((37, 50, 424), (1,)),
-                 ((70, 36, 168), (9,))]
 CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
     ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
@@ -92,8 +79,7 @@ def _unique(cfgs):
 GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
               + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
-              + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
-              + [Spec(c) for c in PERSISTENT] + [Spec(PERS_BOTH, out_f16=True)])
+              + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])])  # the launcher's
 
@@ -138,23 +124,6 @@ def test_gemm_emulated_matches_float64(emu):
             err = E.gemm_case(emu, i, *shape, rng, late)
             if v := _verdict(emu, err, s):
                 bad.append(f"{s.cfg} {shape} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
-    assert not bad, "\n".join(bad)
-
-
-@needs_gxx
-def test_persistent_blocks_match_float64(emu):
-    """PERSIST: every block walks tiles blockIdx.x, + gridDim.x, ... with the next tile's
-    first slabs issued before the epilogue; grids that leave some blocks a tile fewer, M, N
-    and K tails, copies landing early or late; no cp.async race, no unwritten output."""
-    rng = np.random.default_rng(15)
-    bad = []
-    for i, s in enumerate(REAL):
-        if not s.cfg.PERSIST:
-            continue
-        for (shape, grid), late in itertools.product(PERSIST_CASES, (False, True)):
-            err = E.gemm_case(emu, i, *shape, rng, late, grid)
-            if v := _verdict(emu, err, s):
-                bad.append(f"{s.cfg} {shape} grid {grid} f16out={s.out_f16} late={late}: {v}")
     assert not bad, "\n".join(bad)
 
 
@@ -221,40 +190,6 @@ def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
     exp, absr = ref.conv2d(X, W, **kw), ref.conv2d(np.abs(X), np.abs(W), **kw)
     assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
     assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
-
-
-@needs_gxx
-def test_launcher_gives_persistent_blocks_one_per_sm(emu, monkeypatch):
-    """gemm_mma_raw with PERSIST: a 1-D grid of min(tiles, SMs) blocks (3 SMs, 7 tiles,
-    so blocks walk 3, 2 and 2 tiles); one block per tile when the tiles are fewer."""
-    grids = []
-
-    def kernel(cfg, conv, out_f16, bf16):
-        i = emu.specs.index(Spec(cfg, conv=conv, out_f16=out_f16, bf16=bf16))
-
-        def launch(grid, block, args, shared_mem):
-            grids.append(tuple(grid))
-            emu.launch(i, grid, block, args, shared_mem, operands)
-        return launch
-
-    monkeypatch.setattr(M2, "_kernel", kernel)
-    monkeypatch.setattr(M2, "require_sm80", lambda: 90)
-    monkeypatch.setattr(M2, "_ptr", lambda a: a.ctypes.data)
-    monkeypatch.setattr(M2, "_sm_count", lambda: 3)
-    rng = np.random.default_rng(16)
-    for (M, N, K), grid in (((200, 30, 168), (3,)), ((37, 30, 40), (2,))):
-        a = rng.standard_normal((M, K)).astype(np.float16)
-        bt = rng.standard_normal((N, K)).astype(np.float16)
-        buf, out = _guarded((M, N), N)
-        operands = [a, bt]
-        M2.gemm_mma_raw(a, bt, out, cfg=PERS_BOTH64)
-        A, B = a.astype(np.float64), bt.astype(np.float64)
-        assert grids[-1] == grid and emu.errors == 0 and np.isnan(buf[out.size:]).all()
-        assert E.rel_err(out, A @ B.T, np.abs(A) @ np.abs(B).T) < 1e-5
-    x = np.zeros((1, 3, 3, 8), np.float16)
-    with pytest.raises(ValueError, match="PERSIST is for the GEMM only"):
-        M2.conv2d_mma_nhwc(x, np.zeros((2, 1, 1, 8), np.float16),
-                           np.zeros((1, 3, 3, 2), np.float32), cfg=PERS)
 
 
 @needs_gxx
@@ -348,17 +283,6 @@ MUTANTS = {
         "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
     "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
                                               "const bool ok = kin;", Spec(GP64), None),
-    "persistent: no barrier before the next tile's copies": (
-        "__syncthreads();   // nobody reads the slots of this tile any more", "/* */",
-        Spec(PERS), None),
-    "persistent: per-thread pointers not moved to the next tile": (
-        "        gptr_tile();\n#endif\n        prologue();", "#endif\n        prologue();",
-        Spec(PERS_BOTH), None),
-    "persistent: accumulators not cleared between tiles": (
-        "if (tile >= ntiles) break;\n    clear_acc();", "if (tile >= ntiles) break;",
-        Spec(PERS), None),
-    "persistent: epilogue at the next tile's coordinates": (
-        "store_tile(tm, tn);", "store_tile(bm, bn);", Spec(PERS_BOTH64), None),
 }
 
 
@@ -372,10 +296,7 @@ def test_emulator_catches_planted_bugs(emu):
         assert src.count(old) == 1, f"{name}: {old!r} is not in the source once"
         assert spec.conv == (case is not None), name
         i = len(REAL) + k
-        if spec.cfg.PERSIST:
-            shape, grid = PERSIST_CASES[0]
-            err = E.gemm_case(emu, i, *shape, rng, True, grid)
-        elif case is None:
+        if case is None:
             shape = LONG_SHAPE if spec.cfg in SCHED else GEMM_SHAPE
             err = E.gemm_case(emu, i, *shape, rng, late=True)
         else:
@@ -437,8 +358,7 @@ def test_every_ladder_step_and_candidate_compiles_to_ptx():
 @needs_nvrtc
 def test_scheduling_switches_compile_to_ptx():
     """FRAG_PIPE, GPTR, SERPENTINE alone and together on the H200 tiles (sm_90), the
-    combination on sm_80 and in the conv (where GPTR has no effect); PERSIST on the 8-warp
-    tiles, plain and with FRAG_PIPE + GPTR, for sm_80 and sm_90."""
+    combination on sm_80 and in the conv (where GPTR has no effect)."""
     from dataclasses import replace
 
     tiles = (replace(M2.STEP3, STAGES=4), replace(M2.STEP3, BK=64, STAGES=3),
@@ -451,18 +371,6 @@ def test_scheduling_switches_compile_to_ptx():
     both = replace(tiles[0], FRAG_PIPE=1, GPTR=1)
     _check_ptx(M2.compile_ptx(both, "compute_80"), both)
     _check_ptx(M2.compile_ptx(both, "compute_90", conv=True), both)
-    # persistent blocks on the H200 tiles, plain and with FRAG_PIPE + GPTR, sm_80 and sm_90
-    wide = (replace(M2.STEP3, BN=256, BK=64, STAGES=3),
-            replace(M2.STEP3, BM=256, BK=64, STAGES=3))
-    persist = (dict(PERSIST=1), dict(FRAG_PIPE=1, GPTR=1, PERSIST=1))
-    for tile, kw in itertools.product(wide, persist):
-        for arch in ("compute_80", "compute_90"):
-            cfg = replace(tile, **kw)
-            _check_ptx(M2.compile_ptx(cfg, arch), cfg)
-    with pytest.raises(ValueError, match="PERSIST is for the GEMM only"):
-        M2.compile_ptx(replace(M2.STEP3, PERSIST=1), conv=True)
-    with pytest.raises(ValueError, match="PERSIST need ASYNC=1"):
-        replace(M2.STEP1, PERSIST=1).validate()
     with pytest.raises(ValueError, match="FRAG_PIPE"):
         replace(M2.STEP1, FRAG_PIPE=1).validate()
     with pytest.raises(ValueError, match="GPTR needs whole chunks"):

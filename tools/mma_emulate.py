@@ -455,7 +455,7 @@ class Spec:
     bf16: bool = False
 
     def defines(self) -> tuple:
-        return self.cfg.validate(self.conv).defines(CONV=self.conv, OUT_F16=self.out_f16,
+        return self.cfg.validate().defines(CONV=self.conv, OUT_F16=self.out_f16,
                                            BF16=self.bf16)
 
 
@@ -553,11 +553,10 @@ class Emulator:
         return getattr(self.lib, f"smem_off{i}")(r, c)
 
     def launch(self, i, grid, block, args, shared_mem, operands, late=True) -> None:
-        """Run spec i as CuPy would launch it: grid (x, y) or (x,), block (threads,), args =
-        the three pointers then the int scalars; reads outside `operands` (arrays) are
-        faults. Sets self.errors and self.conflicts."""
+        """Run spec i as CuPy would launch it: grid (x, y), block (threads,), args = the
+        three pointers then the int scalars; reads outside `operands` (arrays) are faults.
+        Sets self.errors and self.conflicts."""
         s = self.specs[i]
-        gx, gy = (*grid, 1)[:2]
         if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes():
             raise ValueError(f"{s.cfg}: launched with block {block}, {shared_mem} bytes")
         ptrs, sc = [int(v) for v in args[:3]], np.array([int(v) for v in args[3:]], np.int32)
@@ -568,13 +567,12 @@ class Emulator:
         p = ctypes.c_void_p
         self.errors = getattr(self.lib, f"run{i}")(
             p(ptrs[0]), p(ptrs[1]), p(ptrs[2]), p(bnd.ctypes.data), p(sc.ctypes.data),
-            ctypes.c_uint(gx), ctypes.c_uint(gy), ctypes.c_uint(s.cfg.threads),
+            ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(s.cfg.threads),
             ctypes.c_longlong(s.cfg.smem_bytes()), ctypes.c_int(int(late)))
         self.conflicts = self.lib.conflicts()
 
-    def _run(self, i, a, b, out_shape, values, late, grid=None):
-        """Operands and output between NaN guards; grid: the launcher's by default (PERSIST:
-        one block per tile), or a chosen one (a persistent kernel's block count)."""
+    def _run(self, i, a, b, out_shape, values, late):
+        """Operands and output between NaN guards; the launcher's grid."""
         s = self.specs[i]
         wa, ia = _aligned(a.size)
         wb, ib = _aligned(b.size)
@@ -583,10 +581,7 @@ class Emulator:
         n_out = int(np.prod(out_shape)) * (1 if s.out_f16 else 2)
         g = out_guard(s.cfg, values["N"])
         wc, ic = _aligned(n_out, g)
-        if grid is None:
-            grid = (-(-values["N"] // s.cfg.BN), -(-values["M"] // s.cfg.BM))
-            if getattr(s.cfg, "PERSIST", 0):
-                grid = (grid[0] * grid[1], 1)
+        grid = (-(-values["N"] // s.cfg.BN), -(-values["M"] // s.cfg.BM))
         args = [ia.ctypes.data, ib.ctypes.data, ic.ctypes.data]
         args += [values.get(k, 0) for k in self.scalars]
         self.launch(i, grid, (s.cfg.threads,), args, s.cfg.smem_bytes(), (ia, ib), late)
@@ -597,10 +592,10 @@ class Emulator:
         out = ic.view(np.float16 if s.out_f16 else np.float32).reshape(out_shape)
         return out.astype(np.float32)
 
-    def gemm(self, i, a, bt, late=True, grid=None) -> np.ndarray:
+    def gemm(self, i, a, bt, late=True) -> np.ndarray:
         """C = A @ B^T with a (M, K), bt (N, K) fp16 (or bf16 bits as uint16)."""
         (M, K), N = a.shape, bt.shape[0]
-        return self._run(i, a, bt, (M, N), dict(M=M, N=N, Kd=K), late, grid)
+        return self._run(i, a, bt, (M, N), dict(M=M, N=N, Kd=K), late)
 
     def conv(self, i, x, w, stride=1, padding=0, dilation=1, late=True) -> np.ndarray:
         """Implicit-GEMM conv: x (N, H, W, C), w (K, R, S, C) -> (N, P, Q, K) (NHWC)."""
@@ -920,6 +915,9 @@ class WgmmaEmulator:
 # ----------------------------------------------------------------------------------------
 # The block rasterization, read out of a kernel's source
 
+_RASTER = re.compile(r"const int nbn = gridDim\.x.*?const int bn = [^;]*;", re.S)
+
+
 def _split_top(text: str, sep: str) -> list:
     out, depth, cur = [], 0, ""
     for ch in text:
@@ -959,11 +957,14 @@ def c_ints_to_python(code: str, params, returns, renames=()):
 
 
 def rasterization(source: str):
-    """mma_sync.cu's block -> tile mapping (its ``tile_coords`` of tile by * gx + bx on a
-    gx x gy grid of blocks) as f(bx, by, gx, gy, group_m) -> (bm, bn)."""
-    f = c_ints_to_python(function_body(source, "tile_coords"), ("t", "nbm", "nbn", "group_m"),
-                         ("bm", "bn"), (("GROUP_M", "group_m"),))
-    return lambda bx, by, gx, gy, group_m: f(by * gx + bx, gy, gx, group_m)
+    """mma_sync.cu's block -> tile mapping (its lines from ``const int nbn = gridDim.x`` to
+    ``const int bn = ...;``) as f(bx, by, gx, gy, group_m) -> (bm, bn)."""
+    m = _RASTER.search(source)
+    if m is None:
+        raise ValueError("rasterization: no `const int nbn = gridDim.x ... bn = ...;` block")
+    return c_ints_to_python(m.group(0), ("bx", "by", "gx", "gy", "group_m"), ("bm", "bn"),
+                            (("gridDim.x", "gx"), ("gridDim.y", "gy"), ("blockIdx.x", "bx"),
+                             ("blockIdx.y", "by"), ("GROUP_M", "group_m")))
 
 
 def function_body(source: str, name: str) -> str:
@@ -1000,12 +1001,12 @@ def rel_err(out, exp, absref) -> float:
     return float(np.max(np.abs(out - exp) / (absref + 1e-30)))
 
 
-def gemm_case(em, i, M, N, K, rng, late=True, grid=None) -> float:
+def gemm_case(em, i, M, N, K, rng, late=True) -> float:
     s = em.specs[i]
     a32, b32 = rng.standard_normal((M, K)), rng.standard_normal((N, K))
     a, bt = (to_bf16(a32), to_bf16(b32)) if s.bf16 else (a32.astype(np.float16),
                                                           b32.astype(np.float16))
-    out = em.gemm(i, a, bt, late, grid)
+    out = em.gemm(i, a, bt, late)
     A, B = _f64(a, s.bf16), _f64(bt, s.bf16)
     return rel_err(out, A @ B.T, np.abs(A) @ np.abs(B).T)
 

@@ -39,8 +39,7 @@ PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 @dataclass(frozen=True)
 class MmaConfig:
     """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
-    scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE, PERSIST: cp.async
-    only; PERSIST: persistent blocks, GEMM only)."""
+    scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only)."""
 
     BM: int = 128
     BN: int = 128
@@ -54,8 +53,6 @@ class MmaConfig:
     FRAG_PIPE: int = 0
     GPTR: int = 0
     SERPENTINE: int = 0
-    PERSIST: int = 0
-    MINB: int = 1
 
     @property
     def threads(self) -> int:
@@ -65,18 +62,15 @@ class MmaConfig:
         row = self.BK + (0 if self.SWIZZLE else 8)
         return 2 * self.STAGES * (self.BM + self.BN) * row
 
-    def validate(self, conv: bool = False) -> MmaConfig:
-        """Raise ValueError unless mma_sync.cu accepts the config (for the conv if `conv`)."""
+    def validate(self) -> MmaConfig:
         if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:
             raise ValueError(f"{self}: warps of 16-multiples must tile the block")
         if self.BK % 16 or (self.SWIZZLE and self.BK < 32):
             raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
         if not self.ASYNC and self.STAGES != 2:
             raise ValueError(f"{self}: register staging uses STAGES=2")
-        if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE or self.PERSIST) and not self.ASYNC:
-            raise ValueError(f"{self}: FRAG_PIPE, GPTR, SERPENTINE and PERSIST need ASYNC=1")
-        if self.PERSIST and conv:
-            raise ValueError(f"{self}: PERSIST is for the GEMM only")
+        if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE) and not self.ASYNC:
+            raise ValueError(f"{self}: FRAG_PIPE, GPTR and SERPENTINE need ASYNC=1")
         if self.FRAG_PIPE and ((self.BK // 16) % 2 or (self.SWIZZLE and self.BK > 64)):
             raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 even (and BK <= 64 swizzled)")
         if self.GPTR and (self.threads % (self.BK // 8)
@@ -91,7 +85,7 @@ class MmaConfig:
         vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
-                    SERPENTINE=self.SERPENTINE, PERSIST=self.PERSIST, MINB=self.MINB, **extra)
+                    SERPENTINE=self.SERPENTINE, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -99,8 +93,7 @@ class MmaConfig:
         return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + (f" {self.MINB} blocks/SM" if self.MINB != 1 else "")
-                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE", "PERSIST")
+                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE")
                           if getattr(self, k)))
 
 
@@ -140,7 +133,7 @@ def _kernel(cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
     """The compiled kernel for one configuration (CuPy RawModule, once per process)."""
     import cupy as cp
 
-    opts = ("-std=c++17",) + cfg.validate(conv).defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
+    opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
     fn = cp.RawModule(code=source(), options=opts).get_function("mma_sync_kernel")
     fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
     return fn
@@ -150,7 +143,7 @@ def compile_ptx(cfg: MmaConfig = GEMM_DEFAULT, arch: str = "compute_80", conv: b
                 bf16: bool = False) -> str:
     """PTX of one configuration (NVRTC, no GPU needed)."""
     return nvrtc_ptx(source(), "mma_sync.cu", (), arch,
-                     options=cfg.validate(conv).defines(CONV=conv, BF16=bf16))
+                     options=cfg.validate().defines(CONV=conv, BF16=bf16))
 
 
 # Scalar arguments of the kernel after the three pointers, in order.
@@ -167,21 +160,12 @@ def _scalars(**v) -> tuple:
 
 
 
-def launch_grid(cfg: MmaConfig, M: int, N: int, sms: int) -> tuple:
-    """One block per BM x BN tile of C, (block columns, block rows); PERSIST: a 1-D grid of
-    min(tiles, sms) blocks, each walking the tiles blockIdx.x, + gridDim.x, ..."""
-    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
-    if cfg.PERSIST:
-        return (min(grid[0] * grid[1], sms),)
-    if grid[1] > 65535:
-        raise Unsupported(f"{cfg}: {grid[1]} block rows > 65535")
-    return grid
-
-
 def _launch_kernel(cfg, conv, a, b, out, M, N, Kd, **geom):
     bf16 = _kind(a) == "bfloat16"
     fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)
-    grid = launch_grid(cfg, M, N, _sm_count() if cfg.PERSIST else 0)
+    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
+    if grid[1] > 65535:
+        raise Unsupported(f"{cfg}: {grid[1]} block rows > 65535")
     fn(grid, (cfg.threads,), (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)))
        + _scalars(M=M, N=N, Kd=Kd, **geom),
        shared_mem=cfg.smem_bytes())
@@ -250,7 +234,7 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
     if max(M * Kd, M * K, Nb * H * W * C) >= 2**31:
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_sm80()
-    cfg = (cfg or choose_conv(K, M, _sm_count())).validate(conv=True)
+    cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
     return _launch_kernel(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
                    dh=p.dilation[0], dw=p.dilation[1])

@@ -9,7 +9,6 @@ fp16 inputs, fp32 output, a (n, n) @ bt (n, n)^T; each output checked against fl
 the rounded inputs at the fp32 tolerance, twice (same bits), before it is timed by CUDA
 events (warm-up, median of groups) -- the checks and timings of `measure.tensor_cores`.
 TILESET=wide: BK 64 and 4 stages on the 8-warp tiles and other rasterization groups.
-TILESET=persist: the two best tiles with FRAG_PIPE + GPTR, without and with PERSIST.
 Variants not started within BUDGET_S seconds (default 80) are rows marked skipped.
 """
 
@@ -46,10 +45,6 @@ SWITCHES = {"baseline": {}, "FRAG_PIPE": dict(FRAG_PIPE=1), "GPTR": dict(GPTR=1)
             "FRAG_PIPE f16 out": dict(FRAG_PIPE=1, OUT16=True)}  # C in fp16, as cuBLAS writes
 if os.environ.get("TILESET") == "wide":
     SWITCHES = {k: SWITCHES[k] for k in ("baseline", "FRAG_PIPE", "both", "FRAG_PIPE f16 out")}
-if os.environ.get("TILESET") == "persist":   # persistent blocks: min(tiles, SMs), 1 per SM
-    TILES = {"128x256x64 s3": replace(MM.STEP3, BN=256, BK=64, STAGES=3),
-             "256x128x64 s3": replace(MM.STEP3, BM=256, BK=64, STAGES=3)}
-    SWITCHES = {"both": SWITCHES["both"], "both+persist": dict(FRAG_PIPE=1, GPTR=1, PERSIST=1)}
 BUDGET_S = float(os.environ.get("BUDGET_S", 80))   # variants not started after this: skipped
 
 

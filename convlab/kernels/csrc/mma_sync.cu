@@ -18,7 +18,7 @@
 //   CONV=1     A is gathered from an NHWC input (implicit GEMM: row m = output pixel
 //              (n, p, q), column kd = (r, s, c)); padding comes from zero-filled copies
 //   OUT_F16=1  C stored as fp16 (else fp32)
-// and four scheduling switches (ASYNC=1 only; off by default):
+// and three scheduling switches (ASYNC=1 only; off by default):
 //   FRAG_PIPE=1  two sets of fragment registers: the ldmatrix of step kk + 1 is issued
 //                before the mma.sync of step kk, across slab boundaries too (the wait and
 //                the barrier move to just before the last step's mma.sync); BK 32 or 64
@@ -27,11 +27,6 @@
 //                check (ignored with CONV=1, whose gather has its own per-row state)
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
-//   PERSIST=1    GEMM only: a 1-D grid of at most one block per SM (the launcher's), each
-//                block walking tiles blockIdx.x, + gridDim.x, ...; the first STAGES - 1
-//                slabs of its next tile are issued before the epilogue of the current one,
-//                so they load while the accumulators are stored
-// and MINB, the blocks per SM the register allocation must allow (__launch_bounds__).
 // Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
 
 #ifndef BM
@@ -79,12 +74,6 @@
 #ifndef SERPENTINE
 #define SERPENTINE 0
 #endif
-#ifndef PERSIST
-#define PERSIST 0
-#endif
-#ifndef MINB
-#define MINB 1
-#endif
 #define USE_GPTR (GPTR && !CONV)
 
 typedef unsigned short u16;  // fp16 / bf16 bits
@@ -116,7 +105,6 @@ static_assert(!FRAG_PIPE || (ASYNC && (BK / 16) % 2 == 0 && (!SWIZZLE || BK <= 6
 static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
                             B_CHUNKS % NTHREADS == 0),
               "per-thread pointers: cp.async, every thread the same column in every chunk");
-static_assert(!PERSIST || (ASYNC && !CONV), "persistent blocks: the cp.async GEMM only");
 
 // Offset (in halves) of 16-byte chunk c of shared-memory row r.
 __device__ __forceinline__ int smem_off(int r, int c) {
@@ -205,18 +193,7 @@ __device__ __forceinline__ const u16* b_src(const u16* B, const Problem& pb, int
     return valid ? B + (long long)n * pb.Kd + kd : B;
 }
 
-// Tile t of the output, counted row-major over nbm x nbn block tiles -> block row bm and
-// block column bn (grouped: GROUP_M block rows are walked column by column, so they share
-// their B tiles in L2).
-__device__ __forceinline__ void tile_coords(int t, int nbm, int nbn, int& bm, int& bn) {
-    const int per_group = GROUP_M * nbn;
-    const int first_m = (t / per_group) * GROUP_M;
-    const int gsz = min(nbm - first_m, GROUP_M);
-    bm = first_m + (t % per_group) % gsz;
-    bn = (t % per_group) / gsz;
-}
-
-extern "C" __global__ void __launch_bounds__(NTHREADS, MINB)
+extern "C" __global__ void __launch_bounds__(NTHREADS)
 mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __restrict__ Cout,
                 int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
                 int ph, int pw, int dh, int dw) {
@@ -225,33 +202,26 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     u16* As = smem;
     u16* Bs = smem + STAGES * A_STAGE;
 
-    // This block's tile: one per block of an nbn x nbm grid, or (PERSIST) the first of
-    // tiles blockIdx.x, + gridDim.x, ... (bm and bn move on at the end of each tile).
-#if PERSIST
-    const int nbm = (pb.M + BM - 1) / BM, nbn = (pb.N + BN - 1) / BN, ntiles = nbm * nbn;
-    int tile = blockIdx.x;
-    if (tile >= ntiles) return;   // more blocks than tiles
-#else
-    const int nbm = gridDim.y, nbn = gridDim.x;
-    const int tile = blockIdx.y * nbn + blockIdx.x;
-#endif
-    int bm, bn;
-    tile_coords(tile, nbm, nbn, bm, bn);
+    // grouped rasterization: GROUP_M block rows share their B tiles in L2
+    const int nbn = gridDim.x, nbm = gridDim.y;
+    const int bid = blockIdx.y * nbn + blockIdx.x;
+    const int per_group = GROUP_M * nbn;
+    const int first_m = (bid / per_group) * GROUP_M;
+    const int gsz = min(nbm - first_m, GROUP_M);
+    const int bm = first_m + (bid % per_group) % gsz;
+    const int bn = (bid % per_group) / gsz;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / (BN / WN), wn = warp % (BN / WN);
     const int KT = (pb.Kd + BK - 1) / BK;
 
     float acc[MI][NI][4];
-    auto clear_acc = [&] {
 #pragma unroll
-        for (int i = 0; i < MI; ++i)
+    for (int i = 0; i < MI; ++i)
 #pragma unroll
-            for (int j = 0; j < NI; ++j)
+        for (int j = 0; j < NI; ++j)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-    };
-    clear_acc();
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
 #if CONV
     ConvRow rows[A_PER];
@@ -271,21 +241,13 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     constexpr int RSTEP = NTHREADS / KCH;
     const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
     const int gstep = RSTEP * pb.Kd;
-    const u16 *ag, *bg;
-    unsigned amask, bmask;
-    auto gptr_tile = [&] {   // at the start of each tile (bm, bn)
-        ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
-        bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
-        amask = 0;
-        bmask = 0;
+    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
+    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
+    unsigned amask = 0, bmask = 0;
 #pragma unroll
-        for (int j = 0; j < A_PER; ++j)
-            amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
+    for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
 #pragma unroll
-        for (int j = 0; j < B_PER; ++j)
-            bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
-    };
-    gptr_tile();
+    for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
     // shared offsets: rows 16 apart keep the swizzle's XOR (see a_off below)
     const int s0 = smem_off(r0, tid % KCH);
     auto s_at = [&](int j) {
@@ -329,17 +291,6 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                 const u16* src = b_src(B, pb, bn * BN + r, kt * BK + c * 8, ok);
                 cp_async16(Bs + slot * B_STAGE + smem_off(r, c), src, ok);
             }
-        }
-    };
-#endif
-#if ASYNC
-    // the first STAGES - 1 slabs of the tile (bm, bn) into slots 0 .. STAGES - 2, one
-    // cp.async group each (empty groups past KT keep the wait_group counts uniform)
-    auto prologue = [&] {
-#pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < KT) load_slab(s, s);
-            cp_async_commit();
         }
     };
 #else
@@ -433,33 +384,6 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         }
     };
 
-    // epilogue of tile (tm, tn): thread (g = lane / 4, t = lane % 4) holds rows g, g + 8
-    // and columns 2t, 2t + 1 of each 16 x 8 tile
-    const int g = lane >> 2, t = lane & 3;
-    auto store_tile = [&](int tm, int tn) {
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int j = 0; j < NI; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    int row = tm * BM + wm * WM + i * 16 + g + h * 8;
-                    int col = tn * BN + wn * WN + j * 8 + 2 * t;
-                    if (row < pb.M && col < pb.N) {
-                        long long off = (long long)row * pb.N + col;
-                        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-#if OUT_F16
-                        unsigned packed;   // low half v0, high half v1
-                        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
-                        *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) = packed;
-#else
-                        *reinterpret_cast<float2*>(reinterpret_cast<float*>(Cout) + off) =
-                            make_float2(v0, v1);
-#endif
-                    }
-                }
-    };
-
 #if FRAG_PIPE
     // The copies run as in the plain loop (slab kt + STAGES - 1 issued at the start of slab
     // kt, into the slot of slab kt - 1); slab kt + 1 is waited for in the last step of slab
@@ -471,14 +395,11 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     //    the start of slab kt + 1), so no warp can still be reading a slot being written;
     //  - the copies are issued while one fragment set is dead (the other holds step 0).
     unsigned af[2][MI][4], bf[2][NI / 2][4];
-#endif
-#if ASYNC
-    prologue();
-#endif
-#if PERSIST
-    for (;;) {   // this block's tiles: the body runs to the end of the loop below, unindented
-#endif
-#if FRAG_PIPE
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_slab(s, s);
+        cp_async_commit();
+    }
     cp_async_wait<STAGES - 2>();
     __syncthreads();   // slab 0 landed for everyone
     load_frags(af[0], bf[0], 0, 0);
@@ -505,6 +426,11 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
     cp_async_wait<0>();
 #elif ASYNC
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_slab(s, s);
+        cp_async_commit();
+    }
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();   // slab kt landed for everyone; slot (kt-1) % STAGES is free
@@ -526,27 +452,27 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
 #endif
 
-#if PERSIST
-    // The next tile's first slabs are issued before this tile's stores, so they load while
-    // the accumulators go out. The barrier first: every warp has issued its last ldmatrix
-    // of the slots they overwrite (with FRAG_PIPE that was already before the last slab
-    // boundary's barrier; without it, the last slab's fragments are read after it), and
-    // every thread's wait_group 0 above has completed its own copies.
-    const int tm = bm, tn = bn;
-    tile += gridDim.x;
-    __syncthreads();   // nobody reads the slots of this tile any more
-    if (tile < ntiles) {
-        tile_coords(tile, nbm, nbn, bm, bn);
-#if USE_GPTR
-        gptr_tile();
-#endif
-        prologue();
-    }
-    store_tile(tm, tn);
-    if (tile >= ntiles) break;
-    clear_acc();
-    }
+    // epilogue: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8 and columns 2t, 2t + 1
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int row = bm * BM + wm * WM + i * 16 + g + h * 8;
+                int col = bn * BN + wn * WN + j * 8 + 2 * t;
+                if (row < pb.M && col < pb.N) {
+                    long long off = (long long)row * pb.N + col;
+                    float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+#if OUT_F16
+                    unsigned packed;   // low half v0, high half v1
+                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
+                    *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) = packed;
 #else
-    store_tile(bm, bn);
+                    *reinterpret_cast<float2*>(reinterpret_cast<float*>(Cout) + off) =
+                        make_float2(v0, v1);
 #endif
+                }
+            }
 }
