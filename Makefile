@@ -10,9 +10,8 @@ EXTRAS := dev$(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/de
 
 # JupyterLab refuses to run as root unless told (containers, Colab-like machines).
 # Test processes (pytest-xdist; each test file stays in one process, so its fixtures are built
-# once). Three on two cores: graders and notebook kernels wait on subprocesses and timeouts,
-# and a third process fills those gaps.
-TEST_JOBS ?= 3
+# once).
+TEST_JOBS ?= 2
 
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
