@@ -7,7 +7,8 @@
   conflicts, cp.async writes against ldmatrix reads for races (no barrier between them),
   operand reads for bounds, the output for writes past its end. The scheduling switches
   (fragment double buffering, per-thread pointers, serpentine order) run alone and
-  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused).
+  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused); the
+  epilogue staged through shared memory, fp32 and fp16, with and without 16-byte rows.
 - Planted bugs in its index logic (fragment order, swizzle, conv gather, masks, waits,
   barriers, slot reuse, fragment sets, pointers, rasterization) make those checks fail.
 - Every ladder step (sm_80 and sm_90) and every candidate (sm_90) compiles with NVRTC to
@@ -62,9 +63,15 @@ BOTH32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1)     # 2 A, 4 B c
 BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1)
 SERP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, SERPENTINE=1)
 SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP)
+# the staged epilogue after the plain pipeline, the register double buffer and both switches
+EPI = Cfg(32, 32, 32, 16, 16, STAGES=3, EPI_SMEM=1)
+EPI_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, EPI_SMEM=1)
+EPI_FP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1)
+EPIS = (EPI, EPI_REGS, EPI_FP)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
+VEC_SHAPE = (33, 40, 64)     # rows of 16-byte multiples in fp16 as well as fp32
 CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
     ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
@@ -79,7 +86,8 @@ def _unique(cfgs):
 GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
               + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
-              + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)])
+              + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
+              + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])])  # the launcher's
 
@@ -119,7 +127,8 @@ def test_gemm_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if s.conv:
             continue
-        shapes = (GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED else (GEMM_SHAPE,)
+        shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED else
+                  (GEMM_SHAPE, LONG_SHAPE, VEC_SHAPE) if s.cfg in EPIS else (GEMM_SHAPE,))
         for shape, late in itertools.product(shapes, (False, True)):
             err = E.gemm_case(emu, i, *shape, rng, late)
             if v := _verdict(emu, err, s):
@@ -235,7 +244,17 @@ MUTANTS = {
     "c0, c1 swapped in the epilogue": ("v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1]",
                                        "v0 = acc[i][j][2 * h + 1], v1 = acc[i][j][2 * h]",
                                        Spec(SWZ4), None),
-    "fp16 halves packed the wrong way": ('"f"(v1), "f"(v0)', '"f"(v0), "f"(v1)', F16OUT, None),
+    "fp16 halves packed the wrong way": ('"f"(hi), "f"(lo)', '"f"(lo), "f"(hi)', F16OUT, None),
+    "staged epilogue: c0, c1 swapped": ("e0 = acc[i][j][2 * h], e1 = acc[i][j][2 * h + 1]",
+                                        "e0 = acc[i][j][2 * h + 1], e1 = acc[i][j][2 * h]",
+                                        Spec(EPI), None),
+    "staged epilogue: rows g + 8 staged at g": ("(i * 16 + g + h * 8) * ELD",
+                                                "(i * 16 + g) * ELD", Spec(EPI, out_f16=True),
+                                                None),
+    "staged epilogue: 16-byte stores on rows that are not 16-byte multiples": (
+        "vec_ok = pb.N % VEC == 0", "vec_ok = true", Spec(EPI), None),
+    "staged epilogue: chunk column not scaled by VEC": (
+        "col = col0 + (c % CPR) * VEC", "col = col0 + (c % CPR)", Spec(EPI_FP), None),
     "one cp.async group too few waited for": (
         "cp_async_wait<STAGES - 2>();\n        __syncthreads();   // slab kt landed",
         "cp_async_wait<STAGES - 1>();\n        __syncthreads();   // slab kt landed",
@@ -297,7 +316,7 @@ def test_emulator_catches_planted_bugs(emu):
         assert spec.conv == (case is not None), name
         i = len(REAL) + k
         if case is None:
-            shape = LONG_SHAPE if spec.cfg in SCHED else GEMM_SHAPE
+            shape = LONG_SHAPE if spec.cfg in SCHED + EPIS else GEMM_SHAPE
             err = E.gemm_case(emu, i, *shape, rng, late=True)
         else:
             err = E.conv_case(emu, i, *CONV_CASES[case], rng, late=True)

@@ -289,6 +289,7 @@ inline void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1, int 
     }
 }
 inline void syncthreads() { arrive_and_wait(block_bar); }
+inline void syncwarp() { arrive_and_wait(warps[threadIdx.x / 32].bar); }
 
 void entry() { body(body_ctx); cur->done = true; }
 
@@ -353,6 +354,7 @@ int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const lo
 }
 }  // namespace emu
 #define __syncthreads emu::syncthreads
+#define __syncwarp emu::syncwarp
 """
 
 # PTX helpers of mma_sync.cu: the instruction (and operand binding) each must contain,

@@ -53,6 +53,7 @@ class MmaConfig:
     FRAG_PIPE: int = 0
     GPTR: int = 0
     SERPENTINE: int = 0
+    EPI_SMEM: int = 0
 
     @property
     def threads(self) -> int:
@@ -60,7 +61,10 @@ class MmaConfig:
 
     def smem_bytes(self) -> int:
         row = self.BK + (0 if self.SWIZZLE else 8)
-        return 2 * self.STAGES * (self.BM + self.BN) * row
+        stages = 2 * self.STAGES * (self.BM + self.BN) * row
+        # EPI_SMEM: fp32 rows of WN + 8 per warp (the larger output type)
+        return max(stages, 4 * self.BM * (self.WN + 8) * (self.BN // self.WN)
+                   if self.EPI_SMEM else 0)
 
     def validate(self) -> MmaConfig:
         if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:
@@ -85,7 +89,7 @@ class MmaConfig:
         vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
-                    SERPENTINE=self.SERPENTINE, **extra)
+                    SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -93,7 +97,7 @@ class MmaConfig:
         return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE")
+                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE", "EPI_SMEM")
                           if getattr(self, k)))
 
 

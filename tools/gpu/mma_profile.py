@@ -3,7 +3,8 @@ Nsight Compute run (`ncu --kernel-name mma_sync_kernel ... python3 tools/gpu/mma
 
     python3 tools/gpu/mma_profile.py 4096 "BM=256,BK=64,STAGES=3,FRAG_PIPE=1,GPTR=1" ...
 
-Each argument after the size is a configuration: MmaConfig fields over mma02's STEP3.
+Each argument after the size is a configuration: MmaConfig fields over mma02's STEP3, and
+F16OUT=1 for an fp16 output (as cuBLAS writes; checked at fp16's tolerance).
 """
 
 import os
@@ -22,7 +23,8 @@ from convlab.measure import tensor_cores as TC  # noqa: E402
 
 def parse(spec: str):
     kw = {k: int(v) for k, v in (p.split("=") for p in spec.split(",") if p)}
-    return replace(MM.STEP3, **kw)
+    f16 = bool(kw.pop("F16OUT", 0))
+    return replace(MM.STEP3, **kw), f16
 
 
 def main() -> int:
@@ -32,7 +34,8 @@ def main() -> int:
         bt = torch.randn(n, n, device="cuda", dtype=torch.float16)
     else:   # the measured tables' data (check.random_array)
         a, bt = TC._inputs(n, torch, torch.float16)
-    out = torch.empty(n, n, device="cuda", dtype=torch.float32)
+    outs = {False: torch.empty(n, n, device="cuda", dtype=torch.float32),
+            True: torch.empty(n, n, device="cuda", dtype=torch.float16)}
     ref = (a.float() @ bt.float().T)
     flop = 2 * n**3
 
@@ -44,12 +47,17 @@ def main() -> int:
     base = [cublas()]
     rows = []
     for spec in sys.argv[2:]:
-        cfg = parse(spec)
+        cfg, f16 = parse(spec)
+        out = outs[f16]
         out.fill_(float("nan"))
         MM.gemm_mma_raw(a, bt, out, cfg)
-        err = float(((out - ref).abs().max() / ref.abs().max()).item())
-        fn = MM._kernel(cfg.validate(), False, False, False)
-        t = bench.time_gpu(lambda cfg=cfg: MM.gemm_mma_raw(a, bt, out, cfg), repeat=15)
+        err = float(((out.float() - ref).abs().max() / ref.abs().max()).item())
+        if not err < (2e-3 if f16 else 1e-4):
+            print(f"{spec:44} WRONG: max rel err {err:.1e}, not timed")
+            continue
+        fn = MM._kernel(cfg.validate(), False, f16, False)
+        t = bench.time_gpu(lambda cfg=cfg, out=out: MM.gemm_mma_raw(a, bt, out, cfg),
+                           repeat=15)
         rows.append((spec, t.median_ms))
         print(f"{spec:44} regs {fn.num_regs:3} local {fn.local_size_bytes:4} B  "
               f"smem {cfg.smem_bytes() // 1024:3} KiB err {err:.1e} "

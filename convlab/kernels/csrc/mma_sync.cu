@@ -27,6 +27,10 @@
 //                check (ignored with CONV=1, whose gather has its own per-row state)
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
+// and one epilogue switch:
+//   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots, EPI_BYTES of
+//                them), then stored as 16-byte row chunks (element by element when N is
+//                not a multiple of 16 bytes)
 // Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
 
 #ifndef BM
@@ -74,6 +78,9 @@
 #ifndef SERPENTINE
 #define SERPENTINE 0
 #endif
+#ifndef EPI_SMEM
+#define EPI_SMEM 0
+#endif
 #define USE_GPTR (GPTR && !CONV)
 
 typedef unsigned short u16;  // fp16 / bf16 bits
@@ -92,6 +99,13 @@ typedef unsigned short u16;  // fp16 / bf16 bits
 #define B_STAGE (BN * LDS)
 #define A_CHUNKS (BM * KCH)
 #define B_CHUNKS (BN * KCH)
+#if OUT_F16
+#define OUT_T u16
+#else
+#define OUT_T float
+#endif
+#define EPAD 8   // elements of padding per staged output row
+#define EPI_BYTES (NWARPS * WM * (WN + EPAD) * (int)sizeof(OUT_T))
 #define A_PER ((A_CHUNKS + NTHREADS - 1) / NTHREADS)
 #define B_PER ((B_CHUNKS + NTHREADS - 1) / NTHREADS)
 
@@ -149,6 +163,12 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {  // lo in the low half
+    unsigned packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
 }
 
 struct Problem {   // everything the loaders need; GEMM uses M, N, Kd only
@@ -452,6 +472,47 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
 #endif
 
+#if EPI_SMEM
+    // epilogue through shared memory: each warp writes its WM x WN tile into its own rows
+    // of the (now idle) pipeline buffers, padded by EPAD elements (conflict-free for the
+    // fragment layout below), then stores whole rows in 16-byte chunks
+    typedef OUT_T out_t;
+    constexpr int ELD = WN + EPAD, VEC = 16 / (int)sizeof(out_t), CPR = WN / VEC;
+    __syncthreads();   // every warp's last ldmatrix is done: the slots can be reused
+    out_t* cs = reinterpret_cast<out_t*>(smem) + warp * WM * ELD;
+    {
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    out_t* d = cs + (i * 16 + g + h * 8) * ELD + j * 8 + 2 * t;
+                    const float e0 = acc[i][j][2 * h], e1 = acc[i][j][2 * h + 1];
+#if OUT_F16
+                    *reinterpret_cast<unsigned*>(d) = pack_f16x2(e0, e1);
+#else
+                    *reinterpret_cast<float2*>(d) = make_float2(e0, e1);
+#endif
+                }
+    }
+    __syncwarp();
+    const int row0 = bm * BM + wm * WM, col0 = bn * BN + wn * WN;
+    const bool vec_ok = pb.N % VEC == 0;   // 16-byte aligned rows
+#pragma unroll
+    for (int c = lane; c < WM * CPR; c += 32) {
+        const int r = c / CPR, col = col0 + (c % CPR) * VEC, row = row0 + r;
+        const out_t* s = cs + r * ELD + (c % CPR) * VEC;
+        if (row >= pb.M || col >= pb.N) continue;
+        out_t* d = reinterpret_cast<out_t*>(Cout) + (long long)row * pb.N + col;
+        if (vec_ok) {   // then col + VEC <= N: col and N are multiples of VEC
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
+        } else {
+            for (int e = 0; e < VEC && col + e < pb.N; ++e) d[e] = s[e];
+        }
+    }
+#else
     // epilogue: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8 and columns 2t, 2t + 1
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -466,13 +527,13 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                     long long off = (long long)row * pb.N + col;
                     float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
 #if OUT_F16
-                    unsigned packed;   // low half v0, high half v1
-                    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
-                    *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) = packed;
+                    *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) =
+                        pack_f16x2(v0, v1);
 #else
                     *reinterpret_cast<float2*>(reinterpret_cast<float*>(Cout) + off) =
                         make_float2(v0, v1);
 #endif
                 }
             }
+#endif
 }
