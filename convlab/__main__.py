@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+# nbformat's jsonschema compiles rfc3987-syntax's IRI grammar when it is imported, about a
+# second of every command (each grading is one); notebook schemas use no IRI formats
+sys.modules.setdefault("rfc3987_syntax", None)
+
 
 def _doctor(args) -> int:
     from . import runtime
