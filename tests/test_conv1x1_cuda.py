@@ -212,19 +212,17 @@ def test_sliced_float4_paths_match_the_scalar_ones(lib):
 # The rule, pinned: tile and split at batch 1; at batch 32 and 128
 # every one of these layers keeps the algorithm it had before ('implicit_gemm', the stem
 # 'im2col_fused').
-# The few-tile grids (choose's fallback) slice each slab among SMALL_GRID_KS groups.
-_KS = f" ks{F.SMALL_GRID_KS}" if F.SMALL_GRID_KS > 1 else ""
+# The few-tile grids (choose's fallback) slice each slab among SMALL_GRID_KS = 2 groups and
+# split the reduction towards one block per SM (132 on the H200 the rule was timed on).
 BATCH1 = {
-    "stem 7x7/2": "32x32", "1x1 64->64 56x56": "32x32" + _KS, "1x1 64->256 56x56": "32x32",
-    "1x1 256->64 56x56": "32x32 split3" + _KS, "1x1 256->128 56x56": "32x32 split2" + _KS,
-    "1x1 256->512 56x56/2": "32x32 split2" + _KS, "1x1 128->512 28x28": "32x32 split2" + _KS,
-    "1x1 512->128 28x28": "32x32 split6" + _KS, "1x1 512->256 28x28": "32x32 split3" + _KS,
-    "1x1 512->1024 28x28/2": "32x32 split3" + _KS,
-    "1x1 256->1024 14x14": "32x32 split3" + _KS,
-    "1x1 1024->256 14x14": "32x32 split10" + _KS,
-    "1x1 1024->512 14x14": "32x32 split5" + _KS,
-    "1x1 1024->2048 14x14/2": "32x32 split5" + _KS, "1x1 512->2048 7x7": "32x32 split5" + _KS,
-    "1x1 2048->512 7x7": "32x32 split16" + _KS}
+    "stem 7x7/2": "32x32", "1x1 64->64 56x56": "32x32 ks2", "1x1 64->256 56x56": "32x32",
+    "1x1 256->64 56x56": "32x32 ks2", "1x1 256->128 56x56": "32x32 ks2",
+    "1x1 256->512 56x56/2": "32x32 ks2", "1x1 128->512 28x28": "32x32 ks2",
+    "1x1 512->128 28x28": "32x32 split2 ks2", "1x1 512->256 28x28": "32x32 ks2",
+    "1x1 512->1024 28x28/2": "32x32 ks2", "1x1 256->1024 14x14": "32x32 ks2",
+    "1x1 1024->256 14x14": "32x32 split3 ks2", "1x1 1024->512 14x14": "32x32 split2 ks2",
+    "1x1 1024->2048 14x14/2": "32x32 split2 ks2", "1x1 512->2048 7x7": "32x32 split2 ks2",
+    "1x1 2048->512 7x7": "32x32 split5 ks2"}
 
 
 def _params(layer, batch):
@@ -261,13 +259,14 @@ def test_tile_rule_edges():
     def tile(x, w, **kw):
         return str(F.choose(ref.conv_params(x, w, **kw)))
 
-    assert tile((1, 8, 4, 4), (8, 8, 1, 1)) == "32x32" + _KS  # tiny: no split below 4 slabs
-    assert tile((1, 4096, 2, 2), (40, 4096, 1, 1)) == "32x32 split16" + _KS  # split capped
-    assert F.choose(ref.conv_params((1, 512, 7, 7), (2048, 512, 1, 1)), ks=4) == F.Tile(
-        32, 32, 5, 4)
+    assert tile((1, 8, 4, 4), (8, 8, 1, 1)) == "32x32 ks2"  # tiny: no split below 4 slabs
+    assert tile((1, 4096, 2, 2), (40, 4096, 1, 1)) == "32x32 split16 ks2"  # split capped
+    late = ref.conv_params((1, 512, 7, 7), (2048, 512, 1, 1))   # 128 tiles of 32x32
+    assert F.choose(late, ks=4) == F.Tile(32, 32, 2, 4)   # towards 132 blocks (one per SM)
+    assert F.choose(late, ks=1) == F.Tile(32, 32, 5, 1)   # towards 4 x 132 of 64 threads
     assert tile((8, 64, 56, 56), (256, 64, 1, 1)) == "64x64"  # enough tiles: the largest
     assert tile((1, 64, 150, 150), (64, 64, 1, 1)) == "32x64"  # 352 tiles of 64x64, 704
-    assert tile((1, 64, 30, 30), (48, 64, 1, 1)) == "32x32" + _KS  # 64-row tiles > K
+    assert tile((1, 64, 30, 30), (48, 64, 1, 1)) == "32x32 ks2"  # 64-row tiles > K
 
 
 def test_refusals():

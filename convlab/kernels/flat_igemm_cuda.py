@@ -89,7 +89,14 @@ def mode_of(p) -> int:
 
 
 TARGET_BLOCKS = 4 * SMS  # blocks of 64 threads wanted: 8 warps per SM (H200: 132 SMs)
-SMALL_GRID_KS = 1  # KS of choose's 32x32 fallback (few tiles); KS 2 and 4 are built, untimed
+SMALL_GRID_KS = 2  # KS of choose's 32x32 fallback (few tiles): tools/gpu/flat_ks.py
+
+
+def split_target(ks: int) -> int:
+    """Blocks the fallback's split aims at: 4 per SM of 64 threads; one per SM once each
+    block has KS > 1 thread groups (their own latency hiding), as fewer parts cost less
+    workspace traffic (the faster on every batch-1 layer timed)."""
+    return TARGET_BLOCKS if ks == 1 else SMS
 
 
 def split_parts(blocks: int, slabs: int, target: int = TARGET_BLOCKS) -> int:
@@ -102,7 +109,7 @@ def choose(p, ks: int | None = None) -> Tile:
     """The tile for ConvParams p: the largest of `TILES` (no taller than the filters, when
     a shorter one exists) whose grid has `TARGET_BLOCKS` blocks, else 32x32 with the
     reduction split (`split_parts`) towards that many and each slab sliced among
-    `ks` (default `SMALL_GRID_KS`) groups of threads."""
+    `ks` (default `SMALL_GRID_KS`) groups of threads (`split_target`)."""
     npq = p.N * p.P * p.Q
     fits = [t for t in TILES if t.BM <= p.K] or [TILES[-1]]
     for t in fits:
@@ -110,8 +117,9 @@ def choose(p, ks: int | None = None) -> Tile:
             return t
     t = TILES[-1]
     blocks = ceil_div(p.K, t.BM) * ceil_div(npq, t.BN)
-    return Tile(t.BM, t.BN, split_parts(blocks, ceil_div(p.C * p.R * p.S, BK)),
-                SMALL_GRID_KS if ks is None else ks)
+    ks = SMALL_GRID_KS if ks is None else ks
+    return Tile(t.BM, t.BN, split_parts(blocks, ceil_div(p.C * p.R * p.S, BK), split_target(ks)),
+                ks)
 
 
 _MODULE: list = []
