@@ -106,10 +106,14 @@ STEP2 = replace(STEP1, STAGES=4, ASYNC=1)
 STEP3 = replace(STEP2, SWIZZLE=1)
 LADDER = {"mma.sync + ldmatrix": STEP1, "+ cp.async stages": STEP2, "+ swizzle": STEP3}
 GEMM_DEFAULT = STEP3
+# 8 warps of 64 x 64 on a 128 x 256 tile, both scheduling switches: the fastest tile timed
+GEMM_TOP = replace(STEP3, BN=256, BK=64, STAGES=3, FRAG_PIPE=1, GPTR=1)
 GEMM_CANDIDATES = (STEP3, replace(STEP3, STAGES=3), replace(STEP3, STAGES=5),
                    replace(STEP3, BN=64, WN=32), replace(STEP3, BM=64, WM=32),
                    replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=256),
-                   replace(STEP3, GROUP_M=16))
+                   replace(STEP3, GROUP_M=16), GEMM_TOP)
+# fp16 output (what cuBLAS writes): direct 4-byte stores, then staged in shared memory
+GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1))
 CONV_CANDIDATES = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
                    replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4),
                    replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=64, WN=32, BK=64, STAGES=3),
