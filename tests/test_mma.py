@@ -7,8 +7,7 @@
   conflicts, cp.async writes against ldmatrix reads for races (no barrier between them),
   operand reads for bounds, the output for writes past its end. The scheduling switches
   (fragment double buffering, per-thread pointers, serpentine order) run alone and
-  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused), and the
-  unmasked copies of interior tiles; the
+  together at BK 32 / 64 and 3 / 4 stages, on a long K too (every slot reused); the
   epilogue staged through shared memory, fp32 and fp16, with and without 16-byte rows.
 - Planted bugs in its index logic (fragment order, swizzle, conv gather, masks, waits,
   barriers, slot reuse, fragment sets, pointers, rasterization) make those checks fail.
@@ -63,9 +62,7 @@ GP64 = Cfg(32, 32, 64, 16, 16, STAGES=3, GPTR=1)                    # 2 chunks p
 BOTH32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1)     # 2 A, 4 B chunks
 BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1)
 SERP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, SERPENTINE=1)
-INT32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, INTERIOR=1)
-INT64 = Cfg(32, 32, 64, 16, 16, STAGES=3, GPTR=1, INTERIOR=1)   # without FRAG_PIPE
-SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP, INT32, INT64)
+SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP)
 # the staged epilogue after the plain pipeline, the register double buffer and both switches
 EPI = Cfg(32, 32, 32, 16, 16, STAGES=3, EPI_SMEM=1)
 EPI_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, EPI_SMEM=1)
@@ -301,9 +298,6 @@ MUTANTS = {
         "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);\n"
         "                __syncthreads();", Spec(FP32), None),
     "per-thread pointers not advanced": ("ag += BK;", "", Spec(GP64), None),
-    "interior test ignores N": ("(bn + 1) * BN <= pb.N", "true", Spec(INT32), None),
-    "interior test ignores the Kd tail": ("inside && (kt + 1) * BK <= pb.Kd", "inside",
-                                          Spec(INT64), None),
     "per-thread pointers: Kd tail not checked": (
         "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
     "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",

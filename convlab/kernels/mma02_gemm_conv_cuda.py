@@ -53,7 +53,6 @@ class MmaConfig:
     FRAG_PIPE: int = 0
     GPTR: int = 0
     SERPENTINE: int = 0
-    INTERIOR: int = 0
     EPI_SMEM: int = 0
 
     @property
@@ -74,8 +73,6 @@ class MmaConfig:
             raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
         if not self.ASYNC and self.STAGES != 2:
             raise ValueError(f"{self}: register staging uses STAGES=2")
-        if self.INTERIOR and not self.GPTR:
-            raise ValueError(f"{self}: INTERIOR needs GPTR")
         if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE) and not self.ASYNC:
             raise ValueError(f"{self}: FRAG_PIPE, GPTR and SERPENTINE need ASYNC=1")
         if self.FRAG_PIPE and ((self.BK // 16) % 2 or (self.SWIZZLE and self.BK > 64)):
@@ -92,8 +89,7 @@ class MmaConfig:
         vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
-                    SERPENTINE=self.SERPENTINE, INTERIOR=self.INTERIOR,
-                    EPI_SMEM=self.EPI_SMEM, **extra)
+                    SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -101,8 +97,7 @@ class MmaConfig:
         return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE", "INTERIOR",
-                                                          "EPI_SMEM")
+                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE", "EPI_SMEM")
                           if getattr(self, k)))
 
 

@@ -27,8 +27,6 @@
 //                check (ignored with CONV=1, whose gather has its own per-row state)
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
-//   INTERIOR=1   (with GPTR) blocks whose tile lies inside C copy full slabs without the
-//                row masks and pointer selects: 12 copies cost ~25 instructions, not ~100
 // and one epilogue switch:
 //   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots, EPI_BYTES of
 //                them), then stored as 16-byte row chunks (element by element when N is
@@ -82,9 +80,6 @@
 #endif
 #ifndef EPI_SMEM
 #define EPI_SMEM 0
-#endif
-#ifndef INTERIOR
-#define INTERIOR 0
 #endif
 #define USE_GPTR (GPTR && !CONV)
 
@@ -278,33 +273,19 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     auto s_at = [&](int j) {
         return RSTEP % 16 == 0 ? s0 + j * RSTEP * LDS : smem_off(r0 + j * RSTEP, tid % KCH);
     };
-#if INTERIOR
-    // a block whose tile lies inside C copies its full slabs unmasked
-    const bool inside = (bm + 1) * BM <= pb.M && (bn + 1) * BN <= pb.N;
-#endif
     auto load_slab = [&](int slot, int kt) {
-#if INTERIOR
-        if (inside && (kt + 1) * BK <= pb.Kd) {   // every chunk in range: no selects
+        const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
 #pragma unroll
-            for (int j = 0; j < A_PER; ++j)
-                cp_async16(As + slot * A_STAGE + s_at(j), ag + j * gstep, true);
+        for (int j = 0; j < A_PER; ++j) {
+            const bool ok = kin && ((amask >> j) & 1);
+            cp_async16(As + slot * A_STAGE + s_at(j),
+                       ok ? ag + j * gstep : A, ok);
+        }
 #pragma unroll
-            for (int j = 0; j < B_PER; ++j)
-                cp_async16(Bs + slot * B_STAGE + s_at(j), bg + j * gstep, true);
-        } else
-#endif
-        {
-            const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
-#pragma unroll
-            for (int j = 0; j < A_PER; ++j) {
-                const bool ok = kin && ((amask >> j) & 1);
-                cp_async16(As + slot * A_STAGE + s_at(j), ok ? ag + j * gstep : A, ok);
-            }
-#pragma unroll
-            for (int j = 0; j < B_PER; ++j) {
-                const bool ok = kin && ((bmask >> j) & 1);
-                cp_async16(Bs + slot * B_STAGE + s_at(j), ok ? bg + j * gstep : B, ok);
-            }
+        for (int j = 0; j < B_PER; ++j) {
+            const bool ok = kin && ((bmask >> j) & 1);
+            cp_async16(Bs + slot * B_STAGE + s_at(j),
+                       ok ? bg + j * gstep : B, ok);
         }
         ag += BK;
         bg += BK;
