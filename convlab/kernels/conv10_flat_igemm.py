@@ -27,9 +27,9 @@ large tiles leaves most SMs idle. Here:
   float32 additions are the same whichever part finishes last, so results are
   reproducible bit for bit from run to run.
 
-The tile and the split come from `flat_igemm_cuda.choose` (about 4 blocks per SM). A
-plan's workspace and counters belong to its shape: one stream at a time. NCHW float32,
-any stride / padding / dilation, groups 1; 64-bit indices.
+The tile and the split come from `choose_tile` (the CUDA C rule with one group of 64
+threads: about 4 blocks per SM). A plan's workspace and counters belong to its shape: one
+stream at a time. NCHW float32, any stride / padding / dilation, groups 1; 64-bit indices.
 """
 
 from __future__ import annotations
@@ -266,8 +266,14 @@ def plan_args(p, tile: Tile) -> dict:
                 prm=(p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh, dw, per))
 
 
+def choose_tile(p) -> Tile:
+    """The tile and split for ConvParams p: `flat_igemm_cuda.choose` with one group of 64
+    threads per block (this kernel has no sliced reduction)."""
+    return choose(p, ks=1)
+
+
 def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm"):
-    """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`.
+    """A conv launcher (common signature): the tile `choose_tile` picks per shape, or `tile`.
     Its plans (one per shape) keep the parameters, the split workspace and the counters."""
     plans: dict = {}
 
@@ -280,7 +286,7 @@ def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm"):
         if plan is not None and x.dtype == w.dtype == out.dtype == np.float32:
             return plan
         p = conv_launch_params(name, x, w, out, stride, padding, dilation, groups)
-        t = tile or choose(p, ks=1)  # one group of 64 threads: no sliced reduction here
+        t = tile or choose_tile(p)
         a = plan_args(p, t)
         split = a["parts"] > 1
         plan = dict(a, tile=t, run=configured(kernel_for(t, a["mode"]), a["grid"], 64),
