@@ -2,6 +2,8 @@
 
     python3 tools/gpu/flat_ks.py                 # table; $OUT/flat_ks.json (about a minute)
     python3 tools/gpu/flat_ks.py "1x1 512->2048 7x7"   # only the layers named
+    python3 tools/gpu/flat_ks.py all1x1                # every 1x1 layer of ResNet-50
+    TILES=all python3 tools/gpu/flat_ks.py ...         # 32x64 and 64x64 tiles as well
 
 Per layer: cuDNN fp32 (TF32 off), the rule (`flat_igemm_cuda.choose`), and the 32x32 tile
 forced to KS = 1, 2, 4 groups of 64 threads, each with the reduction split towards 4, 2 or
@@ -34,16 +36,23 @@ TARGETS = {"4/SM": F.TARGET_BLOCKS, "2/SM": F.TARGET_BLOCKS // 2, "1/SM": F.TARG
 
 
 def tiles_for(p):
-    """name -> Tile: 32x32 with each KS and each split target (duplicates dropped)."""
-    blocks = ceil_div(p.K, 32) * ceil_div(p.N * p.P * p.Q, 32)
+    """name -> Tile: 32x32 (every built tile with TILES=all) with each KS and each split
+    target (duplicates dropped)."""
+    shapes = [(t.BM, t.BN) for t in F.TILES] if os.environ.get("TILES") == "all" else [(32, 32)]
     slabs = ceil_div(p.C * p.R * p.S, F.BK)
     out, seen = {}, set()
-    for ks in F.KS_CHOICES:
-        for tname, target in TARGETS.items():
-            t = F.Tile(32, 32, F.split_parts(blocks, slabs, target) if blocks < target else 1, ks)
-            if t not in seen:
-                seen.add(t)
-                out[f"ks{ks} split to {tname}"] = t
+    for bm, bn in shapes:
+        blocks = ceil_div(p.K, bm) * ceil_div(p.N * p.P * p.Q, bn)
+        for ks in F.KS_CHOICES:
+            if F.Tile(bm, bn, 1, ks) not in F.KERNELS:
+                continue
+            for tname, target in TARGETS.items():
+                parts = F.split_parts(blocks, slabs, target) if blocks < target else 1
+                t = F.Tile(bm, bn, parts, ks)
+                if t not in seen:
+                    seen.add(t)
+                    label = f"{bm}x{bn} " if len(shapes) > 1 else ""
+                    out[f"{label}ks{ks} split to {tname}"] = t
     return out
 
 
@@ -96,8 +105,9 @@ def print_row(row):
 
 
 def main(argv) -> int:
-    names = argv or LAYERS
     layers = {lay.name: lay for lay in problems.RESNET50}
+    names = ([n for n in layers if n.startswith("1x1")] if argv == ["all1x1"] else
+             argv or LAYERS)
     missing = [n for n in names if n not in layers]
     if missing:
         print(f"unknown layers: {missing}; known: {sorted(layers)}")
