@@ -157,7 +157,6 @@ def plan_args(p, tile: Tile) -> dict:
     return dict(grid=grid, block=(tile.threads,), parts=parts, mode=mode, tiles=grid[0] * grid[1],
                 n_out=p.N * p.K * p.P * p.Q,
                 a_vec=L % 4 == 0, b_vec=mode == 0 and p.stride == (1, 1) and p.P * p.Q % 4 == 0,
-                b_pair=mode == 0 and sw == 2 and p.Q % 4 == 0 and p.W % 4 == 0,
                 y_vec=p.P * p.Q % 4 == 0,
                 ints=(p.N, p.C, p.H, p.W, p.K, p.R, p.S, p.P, p.Q, sh, sw, ph, pw, dh, dw, per))
 
@@ -169,8 +168,7 @@ def flags_for(a, x, w, out, ws=None) -> int:
         return all(_ptr(v) % 16 == 0 for v in arrs if v is not None)
 
     return ((1 if a["a_vec"] and aligned(w) else 0) | (2 if a["b_vec"] and aligned(x) else 0)
-            | (4 if a["y_vec"] and aligned(out, ws) else 0)
-            | (8 if a["b_pair"] and aligned(x) else 0))
+            | (4 if a["y_vec"] and aligned(out, ws) else 0))
 
 
 _PLANS: dict = {}

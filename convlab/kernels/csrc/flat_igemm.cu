@@ -19,9 +19,7 @@
 // in the order 0, 1, ..., Z-1 into y and resets the counter to zero for the next launch:
 // the result does not depend on which part finishes first (run-to-run reproducible).
 // flags: 1 = A rows as float4 (L % 4 == 0, w aligned), 2 = B rows as float4 (MODE 0,
-// stride 1, P*Q % 4 == 0, x aligned), 4 = y stored as float4 (P*Q % 4 == 0, y and ws aligned),
-// 8 = B rows as two float4 each, their even elements (MODE 0, column stride 2, Q % 4 == 0,
-// W % 4 == 0, x aligned: four pixels of a row read eight floats of one input row).
+// stride 1, P*Q % 4 == 0, x aligned), 4 = y stored as float4 (P*Q % 4 == 0, y and ws aligned).
 
 #ifndef __CUDACC__  // compiled for the CPU by the tests (blocks run one after the other)
 inline void __threadfence() {}
@@ -99,7 +97,6 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
     const int T = (L + BK - 1) / BK;
     const int t0 = blockIdx.z * slabs_per_part, t1 = min(T, t0 + slabs_per_part);
     const bool a_vec = flags & 1, b_vec = flags & 2, y_vec = flags & 4;
-    const bool b_pair = MODE == 0 && (flags & 8);
 
     // the 4 pixels (columns) this thread loads, fixed for the whole reduction
     const int b_c4 = (tid % (BN / 4)) * 4, b_r = tid / (BN / 4);
@@ -145,13 +142,6 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
                             const float4 v = *reinterpret_cast<const float4*>(
                                 x + xoff[0] + (size_t)l * HW);
                             e4[0] = v.x; e4[1] = v.y; e4[2] = v.z; e4[3] = v.w;
-                        }
-                    } else if (b_pair) {   // stride 2: the even elements of 8 in a row
-                        if (xoff[0] >= 0) {
-                            const float4* v = reinterpret_cast<const float4*>(
-                                x + xoff[0] + (size_t)l * HW);
-                            const float4 u = v[0], t = v[1];
-                            e4[0] = u.x; e4[1] = u.z; e4[2] = t.x; e4[3] = t.z;
                         }
                     } else {
 #pragma unroll
