@@ -498,16 +498,31 @@ def pack(root=None, out=None, deps: bool = False, python: str | None = None) -> 
     return out
 
 
+SETUPTOOLS_MIN = 77  # pyproject's build-system: the license as an SPDX string (PEP 639)
+
+
+def builds_here(version: str | None = None) -> bool:
+    """Whether this environment's setuptools can build the course (then no build
+    environment is downloaded); a venv's bundled setuptools may be too old to read the
+    pyproject. `version`: setuptools' (default: the installed one)."""
+    if version is None:
+        try:
+            import setuptools
+        except ImportError:
+            return False
+        version = setuptools.__version__
+    try:
+        return int(version.split(".")[0]) >= SETUPTOOLS_MIN
+    except ValueError:
+        return False
+
+
 def build_wheel(root: Path, dest: Path) -> Path:
     """``pip wheel`` of the checkout (no dependencies); the path of the wheel."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest)]
-    try:
-        import setuptools  # noqa: F401  (present: build here, no download of a build env)
-
+    if builds_here():
         cmd.append("--no-build-isolation")
-    except ImportError:
-        pass
     # a copy of the checkout, so the build's egg-info and build/ never land in it
     src = dest.parent / "src"
     shutil.copytree(root, src, ignore=shutil.ignore_patterns(

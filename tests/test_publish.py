@@ -174,3 +174,13 @@ def test_pack_writes_the_wheel_and_notebooks_but_no_solutions(tmp_path):
     meta = zipfile.ZipFile(tmp_path / wheels[0]).read(
         next(n for n in inner if n.endswith("METADATA"))).decode()
     assert "Name: convlab-course" in meta and "Project-URL: Repository, https://" in meta
+
+
+def test_the_wheel_is_built_here_only_with_a_setuptools_that_reads_the_pyproject():
+    import tomllib
+
+    req = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert f"setuptools>={publish.SETUPTOOLS_MIN}" in req
+    assert publish.builds_here("84.2.1") and publish.builds_here(f"{publish.SETUPTOOLS_MIN}.0")
+    assert not publish.builds_here("65.5.0")  # Python 3.11's bundled one: isolated build
+    assert not publish.builds_here("unknown")
