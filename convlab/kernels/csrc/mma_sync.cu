@@ -171,6 +171,29 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {  // lo in t
     return packed;
 }
 
+// The accumulators' fragment layout: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8
+// and columns 2t, 2t + 1 of each 16 x 8 tile; f(r, c, v0, v1) for each pair of neighbours,
+// r and c inside the warp's WM x WN tile.
+template <class F>
+__device__ __forceinline__ void each_pair(const float (&acc)[MI][NI][4], int lane, F f) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                f(i * 16 + g + h * 8, j * 8 + 2 * t, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+}
+
+__device__ __forceinline__ void store_pair(OUT_T* d, float v0, float v1) {
+#if OUT_F16
+    *reinterpret_cast<unsigned*>(d) = pack_f16x2(v0, v1);
+#else
+    *reinterpret_cast<float2*>(d) = make_float2(v0, v1);
+#endif
+}
+
 struct Problem {   // everything the loaders need; GEMM uses M, N, Kd only
     int M, N, Kd;
     int H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw;
@@ -472,68 +495,36 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
 #endif
 
-#if EPI_SMEM
-    // epilogue through shared memory: each warp writes its WM x WN tile into its own rows
-    // of the (now idle) pipeline buffers, padded by EPAD elements (conflict-free for the
-    // fragment layout below), then stores whole rows in 16-byte chunks
-    typedef OUT_T out_t;
-    constexpr int ELD = WN + EPAD, VEC = 16 / (int)sizeof(out_t), CPR = WN / VEC;
-    __syncthreads();   // every warp's last ldmatrix is done: the slots can be reused
-    out_t* cs = reinterpret_cast<out_t*>(smem) + warp * WM * ELD;
-    {
-        const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int i = 0; i < MI; ++i)
-#pragma unroll
-            for (int j = 0; j < NI; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    out_t* d = cs + (i * 16 + g + h * 8) * ELD + j * 8 + 2 * t;
-                    const float e0 = acc[i][j][2 * h], e1 = acc[i][j][2 * h + 1];
-#if OUT_F16
-                    *reinterpret_cast<unsigned*>(d) = pack_f16x2(e0, e1);
-#else
-                    *reinterpret_cast<float2*>(d) = make_float2(e0, e1);
-#endif
-                }
-    }
-    __syncwarp();
     const int row0 = bm * BM + wm * WM, col0 = bn * BN + wn * WN;
+#if EPI_SMEM
+    // through shared memory: each warp writes its tile into its own rows of the (now idle)
+    // pipeline buffers, padded by EPAD elements (conflict-free for the fragment layout),
+    // then stores whole rows in 16-byte chunks
+    constexpr int ELD = WN + EPAD, VEC = 16 / (int)sizeof(OUT_T), CPR = WN / VEC;
+    __syncthreads();   // every warp's last ldmatrix is done: the slots can be reused
+    OUT_T* cs = reinterpret_cast<OUT_T*>(smem) + warp * WM * ELD;
+    each_pair(acc, lane, [&](int r, int c, float v0, float v1) {
+        store_pair(cs + r * ELD + c, v0, v1);
+    });
+    __syncwarp();
     const bool vec_ok = pb.N % VEC == 0;   // 16-byte aligned rows
 #pragma unroll
     for (int c = lane; c < WM * CPR; c += 32) {
         const int r = c / CPR, col = col0 + (c % CPR) * VEC, row = row0 + r;
-        const out_t* s = cs + r * ELD + (c % CPR) * VEC;
+        const OUT_T* src = cs + r * ELD + (c % CPR) * VEC;
         if (row >= pb.M || col >= pb.N) continue;
-        out_t* d = reinterpret_cast<out_t*>(Cout) + (long long)row * pb.N + col;
+        OUT_T* d = reinterpret_cast<OUT_T*>(Cout) + (long long)row * pb.N + col;
         if (vec_ok) {   // then col + VEC <= N: col and N are multiples of VEC
-            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src);
         } else {
-            for (int e = 0; e < VEC && col + e < pb.N; ++e) d[e] = s[e];
+            for (int e = 0; e < VEC && col + e < pb.N; ++e) d[e] = src[e];
         }
     }
 #else
-    // epilogue: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8 and columns 2t, 2t + 1
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                int row = bm * BM + wm * WM + i * 16 + g + h * 8;
-                int col = bn * BN + wn * WN + j * 8 + 2 * t;
-                if (row < pb.M && col < pb.N) {
-                    long long off = (long long)row * pb.N + col;
-                    float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-#if OUT_F16
-                    *reinterpret_cast<unsigned*>(reinterpret_cast<u16*>(Cout) + off) =
-                        pack_f16x2(v0, v1);
-#else
-                    *reinterpret_cast<float2*>(reinterpret_cast<float*>(Cout) + off) =
-                        make_float2(v0, v1);
-#endif
-                }
-            }
+    each_pair(acc, lane, [&](int r, int c, float v0, float v1) {
+        const int row = row0 + r, col = col0 + c;
+        if (row < pb.M && col < pb.N)
+            store_pair(reinterpret_cast<OUT_T*>(Cout) + (long long)row * pb.N + col, v0, v1);
+    });
 #endif
 }
