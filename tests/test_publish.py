@@ -184,3 +184,15 @@ def test_the_wheel_is_built_here_only_with_a_setuptools_that_reads_the_pyproject
     assert publish.builds_here("84.2.1") and publish.builds_here(f"{publish.SETUPTOOLS_MIN}.0")
     assert not publish.builds_here("65.5.0")  # Python 3.11's bundled one: isolated build
     assert not publish.builds_here("unknown")
+
+
+def test_commands_do_not_compile_the_iri_grammar():
+    """Every command (and so every grading) imports nbformat, whose jsonschema would build
+    rfc3987-syntax's IRI grammar at import time (about a second) if it were allowed to."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "convlab", "publish",
+                        "--check"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "nbformat" in imported and "jsonschema" in imported  # the path it guards
+    assert "rfc3987_syntax.syntax_helpers" not in imported and "lark" not in imported
