@@ -254,3 +254,44 @@ def test_without_os_isolation_grading_works_and_says_so(tmp_path, monkeypatch):
         res.summary())
     iso = results_json(res)["extra_data"]["isolation"]
     assert iso["os"] is False and iso["missing"] == ["no namespaces here (test)"]
+
+
+@pytest.mark.skipif(not jail.probe()["ok"], reason="needs OS isolation (root, namespaces)")
+def test_a_killed_grader_leaves_no_kernel_behind(tmp_path):
+    """The grader process SIGKILLed mid-cell (as `grade_one_process` does on its timeout):
+    the jail and the learner's kernel go with it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    nb = nbf.exercise_notebook(nbf.read(FIXTURE), "fixture")
+    for c in nb.cells:
+        if c.get("cell_type") == "code" and nbf.exercise_id(nbf.source(c)) == "fx.box":
+            c["source"] = "# EXERCISE: fx.box\nimport time\ntime.sleep(600)\n"
+    sub = tmp_path / "sleeper.ipynb"
+    sub.write_text(nbf.writes(nb), encoding="utf-8")
+    before = set(_jailed_processes())
+    grader = subprocess.Popen([sys.executable, "-m", "convlab", "grade", str(sub), "--out",
+                               str(tmp_path / "r.json"), "--quiet", "--instructor", str(FIXTURE),
+                               "--cell-timeout", "300"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        mine: list = []
+        while not mine and time.monotonic() < deadline:  # the kernel is up, in its cell
+            time.sleep(0.5)
+            mine = [p for p in set(_jailed_processes()) - before if "ipykernel" in p]
+        assert mine, "the grading kernel never started"
+        time.sleep(2)
+        grader.send_signal(signal.SIGKILL)
+        grader.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        left = mine
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = sorted(set(mine) & set(_jailed_processes()))
+        assert left == [], left
+    finally:
+        if grader.poll() is None:
+            grader.kill()

@@ -255,6 +255,12 @@ def main(argv) -> int:
     if sep != "--" or not cmd:
         print("usage: python -m convlab.grading.jail CONFIG -- ARGV...", file=sys.stderr)
         return 2
+    # The grader gone (killed, timed out) takes the jail with it, and the jail's death its
+    # kernel (PDEATHSIG below): no learner process outlives the grading that started it.
+    parent = os.getppid()
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it went before the line above
+        return 1
     with open(cfg_path, encoding="utf-8") as f:
         cfg = json.load(f)
     uid, gid, scratch = int(cfg["uid"]), int(cfg["gid"]), cfg["scratch"]
