@@ -54,6 +54,7 @@ class MmaConfig:
     GPTR: int = 0
     SERPENTINE: int = 0
     EPI_SMEM: int = 0
+    EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
     def threads(self) -> int:
@@ -62,9 +63,9 @@ class MmaConfig:
     def smem_bytes(self) -> int:
         row = self.BK + (0 if self.SWIZZLE else 8)
         stages = 2 * self.STAGES * (self.BM + self.BN) * row
-        # EPI_SMEM: fp32 rows of WN + 8 per warp (the larger output type)
-        return max(stages, 4 * self.BM * (self.WN + 8) * (self.BN // self.WN)
-                   if self.EPI_SMEM else 0)
+        # EPI_SMEM: each warp's WM rows of WN + EPI_PAD elements, fp32 (the larger output)
+        staged = 4 * (self.threads // 32) * self.WM * (self.WN + self.EPI_PAD)
+        return max(stages, staged if self.EPI_SMEM else 0)
 
     def validate(self) -> MmaConfig:
         if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:

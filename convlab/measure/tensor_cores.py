@@ -126,9 +126,9 @@ def _mma_gemm_size(ctx, n):
     b_row = bt.T.contiguous()  # WMMA reads B row-major (K, N)
     rows = []
 
-    def checked(name, run, **extra):
+    def checked(name, run, dest=out, rtol=tol, **extra):
         _try(rows, name, lambda: dict(**extra, **_check_then_time(
-            ctx, name, run, out, exp, absref, tol, flops)))
+            ctx, name, run, dest, exp, absref, rtol, flops)))
 
     checked(f"WMMA tiled {WM.GEMM_DEFAULT}", lambda: WM.gemm_wmma_raw(a, b_row, out),
             step=True)
@@ -139,11 +139,8 @@ def _mma_gemm_size(ctx, n):
     o16 = torch.empty(n, n, device="cuda", dtype=torch.float16)
     tol16 = rtol_for("fp16", n)   # the output's rounding to fp16 on top
     for cfg in MM.GEMM_FP16_OUT:
-        name = f"mma.sync {cfg} (fp16 out)"
-        _try(rows, name, lambda cfg=cfg, name=name: dict(
-            fp16_out=True, tol=tol16, **_check_then_time(
-                ctx, name, lambda: MM.gemm_mma_raw(a, bt, o16, cfg), o16, exp, absref, tol16,
-                flops)))
+        checked(f"mma.sync {cfg} (fp16 out)", lambda cfg=cfg: MM.gemm_mma_raw(a, bt, o16, cfg),
+                dest=o16, rtol=tol16, fp16_out=True, tol=tol16)
     _try(rows, "cuBLAS fp16", lambda: _library_row(ctx, "cuBLAS fp16", lambda: a @ bt.T, flops,
                                                    "fp16"))
     _pct(rows, "cuBLAS fp16")

@@ -28,9 +28,9 @@
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
 // and one epilogue switch:
-//   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots, EPI_BYTES of
-//                them), then stored as 16-byte row chunks (element by element when N is
-//                not a multiple of 16 bytes)
+//   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots; the launcher's
+//                MmaConfig.smem_bytes covers the staged rows), then stored as 16-byte row
+//                chunks (element by element when N is not a multiple of 16 bytes)
 // Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
 
 #ifndef BM
@@ -104,8 +104,7 @@ typedef unsigned short u16;  // fp16 / bf16 bits
 #else
 #define OUT_T float
 #endif
-#define EPAD 8   // elements of padding per staged output row
-#define EPI_BYTES (NWARPS * WM * (WN + EPAD) * (int)sizeof(OUT_T))
+#define EPAD 8   // elements of padding per staged output row (MmaConfig.EPI_PAD)
 #define A_PER ((A_CHUNKS + NTHREADS - 1) / NTHREADS)
 #define B_PER ((B_CHUNKS + NTHREADS - 1) / NTHREADS)
 
