@@ -410,13 +410,13 @@ def test_every_gemm_configuration_on_the_gpu(shape):
     bt = cp.asarray(rng.standard_normal((N, K))).astype(cp.float16)
     A, B = cp.asnumpy(a).astype(np.float64), cp.asnumpy(bt).astype(np.float64)
     exp, absref = A @ B.T, np.abs(A) @ np.abs(B).T
-    runs = ([(c, cp.float32) for c in (*M2.LADDER.values(), *M2.GEMM_CANDIDATES)]
-            + [(c, cp.float16) for c in M2.GEMM_FP16_OUT])
+    specs = ([Spec(c) for c in (*M2.LADDER.values(), *M2.GEMM_CANDIDATES)]
+             + [Spec(c, out_f16=True) for c in M2.GEMM_FP16_OUT])
     bad = []
-    for cfg, dt in runs:
-        out = cp.full((M, N), np.nan, dt)
-        M2.gemm_mma_raw(a, bt, out, cfg)
-        err = float(np.max(np.abs(cp.asnumpy(out).astype(np.float64) - exp) / absref))
-        if not err < (2e-3 if dt == cp.float16 else 1e-5):
-            bad.append(f"{cfg} {np.dtype(dt).name} out: max rel err {err:.1e}")
+    for s in specs:
+        out = cp.full((M, N), np.nan, cp.float16 if s.out_f16 else cp.float32)
+        M2.gemm_mma_raw(a, bt, out, s.cfg)
+        err = E.rel_err(cp.asnumpy(out).astype(np.float64), exp, absref)
+        if not err < E.tolerance(s):
+            bad.append(f"{s.cfg} f16out={s.out_f16}: max rel err {err:.1e}")
     assert not bad, "\n".join(bad)
