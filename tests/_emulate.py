@@ -39,6 +39,26 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 """
 
 
+# __shfl_up_sync / __shfl_down_sync for the emulator: lanes publish their value, meet at
+# the warp barrier, read their source lane's value (a lane whose source is outside the
+# warp keeps its own, as on the GPU). The first barrier keeps a fast lane from
+# overwriting a value a slow lane has not read yet.
+SHUFFLE = r"""
+static float g_lanes[1024];
+inline float shfl_from(float v, int src) {
+    __syncwarp();
+    g_lanes[threadIdx.x] = v;
+    __syncwarp();
+    const int lane = threadIdx.x & 31;
+    return (src >= 0 && src < 32) ? g_lanes[threadIdx.x - lane + src] : v;
+}
+inline float __shfl_up_sync(unsigned, float v, int d) {
+    return shfl_from(v, (threadIdx.x & 31) - d); }
+inline float __shfl_down_sync(unsigned, float v, int d) {
+    return shfl_from(v, (threadIdx.x & 31) + d); }
+"""
+
+
 def build_cpu_library(source: str) -> ctypes.CDLL:
     """`source` (kernels + extern "C" wrappers calling run_grid) after the prelude, as a
     shared library (`wmma_emulate.compile_library`: cached by content in the temp dir)."""

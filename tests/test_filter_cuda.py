@@ -21,32 +21,14 @@ from convlab import check
 from convlab.kernels import Unsupported
 from convlab.kernels import filter03_cuda as F
 
-from ._emulate import assert_close_to_reference, build_cpu_library
+from ._emulate import SHUFFLE, assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-# __shfl_up_sync / __shfl_down_sync for the emulator: lanes publish their value, meet at
-# the warp barrier, read their source lane's value (a lane whose source is outside the
-# warp keeps its own, as on the GPU). The first barrier keeps a fast lane from
-# overwriting a value a slow lane has not read yet.
-SHUFFLE = r"""
-static float g_lanes[1024];
-inline float shfl_from(float v, int src) {
-    __syncwarp();
-    g_lanes[threadIdx.x] = v;
-    __syncwarp();
-    const int lane = threadIdx.x & 31;
-    return (src >= 0 && src < 32) ? g_lanes[threadIdx.x - lane + src] : v;
-}
-inline float __shfl_up_sync(unsigned, float v, int d) {
-    return shfl_from(v, (threadIdx.x & 31) - d); }
-inline float __shfl_down_sync(unsigned, float v, int d) {
-    return shfl_from(v, (threadIdx.x & 31) + d); }
-"""
-
-# (vec, v, warps, pf, alt): odd strips walking up or not, strips of 3 to 5 rows
-CONFIGS = [(4, 4, 2, 2, 1), (1, 3, 2, 1, 1), (4, 5, 1, 3, 0), (1, 4, 1, 2, 0)]
+# (vec, v, warps, pf, alt): odd strips walking up or not, strips of 3 to 5 rows, and the
+# default (strips of 2, every row load in flight)
+CONFIGS = [(4, 4, 2, 2, 1), (1, 3, 2, 1, 1), (4, 5, 1, 3, 0), (1, 4, 1, 2, 0), (4, 2, 8, 4, 1)]
 
 
 def _wrapper() -> str:
@@ -89,7 +71,8 @@ def _assert_filter(out, image, taps):
     (0, (13, 132)),   # float4: 33 float4 per row, two warps across, H not a multiple of V
     (2, (11, 8)),     # float4: a warp mostly past the right edge
     (1, (9, 37)),     # scalar: W odd, two warps across
-    (3, (6, 70))])    # scalar: three warps across, H a multiple of nothing
+    (3, (6, 70)),     # scalar: three warps across, H a multiple of nothing
+    (4, (37, 136))])  # float4, the default: 8 warps of 2-row strips, a block past the bottom
 @pytest.mark.parametrize("R, S", [(3, 3), (5, 3), (1, 7), (7, 5)])
 def test_kernel_on_the_cpu(which, shape, R, S):
     rng = np.random.default_rng(R * 10 + S + which + shape[1])

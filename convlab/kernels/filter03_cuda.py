@@ -12,6 +12,12 @@ every output written once: the traffic of a copy plus (R - 1) / V halo rows, whi
 neighbouring strips bring into the cache at the same moment (odd strips walk up, even
 ones down: the rows two strips share are both strips' first rows, or both strips' last).
 
+The default strips are short (V = 2: a warp issues its four row loads at once, writes two
+rows and is gone). Long strips read fewer halo rows, but a warp that lives for many
+DRAM round trips leaves SMs idle while the last long-lived warps finish; short-lived
+warps let the block scheduler keep every SM busy to the end, as the fastest copy of
+these bytes does (one float4 per thread). The halo rows come from the L2.
+
 Rows must start on 16 bytes for float4 (W % 4 == 0, aligned buffers); otherwise the same
 kernel runs with one column per lane (scalar loads). The taps are compiled in as
 constants (one compiled module per filter, cached), as in filter02.
@@ -35,10 +41,11 @@ from ._launch import Unsupported, ceil_div, check_array, device_pointer, launche
 SOURCE_PATH = Path(__file__).parent / "csrc" / "filter.cu"
 NAME = "filter2d_cuda"
 MAX_SIZE = 9  # largest R and S (the unrolled kernel grows as V * R * S)
-# Default: V rows per strip, warps per block (stacked vertically), rows fetched ahead,
-# blocks per SM the registers must allow (launch bounds; 0: the compiler's choice), odd
-# strips walking up (neighbouring strips read their shared rows at the same time).
-DEFAULT = dict(v=16, warps=4, pf=2, minb=0, alt=1)
+# Default: V rows per strip, warps per block (stacked vertically), rows fetched ahead (all
+# V + R - 1 of a 3x3 strip), blocks per SM the registers must allow (launch bounds; 0: the
+# compiler's choice), odd strips walking up (neighbouring strips read their shared rows at
+# the same time). Chosen by tools/gpu/memory_bound.py's sweep on 4096^2.
+DEFAULT = dict(v=2, warps=8, pf=4, minb=0, alt=1)
 
 
 def header(taps) -> str:

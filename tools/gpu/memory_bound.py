@@ -3,6 +3,7 @@ layers, CUDA C (filter03_cuda, depthwise03_cuda) over a few tilings beside the b
 kernels' defaults, PyTorch, and a device-to-device copy of the same bytes in the same run.
 
     python3 tools/gpu/memory_bound.py          # table last; $OUT/memory_bound.json
+    ONLY=filter python3 tools/gpu/memory_bound.py   # some sections: filter, dw512, dw32
 
 Every variant is checked against float64 (poisoned output first), then timed with
 `bench.time_gpu_queued` (launches queued behind a spin kernel, warm-up, median of 7
@@ -28,6 +29,7 @@ from convlab import reference as ref  # noqa: E402
 from convlab.kernels import (  # noqa: E402
     depthwise02_smem,
     depthwise03_cuda,
+    depthwise04_strips_cuda,
     filter02_tiled,
     filter03_cuda,
 )
@@ -35,8 +37,9 @@ from convlab.kernels import (  # noqa: E402
 GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
 FILTER_CONFIGS = [filter03_cuda.DEFAULT, *(dict(v=v, warps=w, pf=pf, minb=mb, alt=alt)
                                            for v, w, pf, mb, alt in (
-    (16, 4, 2, 0, 0), (8, 4, 2, 0, 1), (8, 8, 2, 0, 1), (16, 2, 2, 0, 1), (16, 4, 4, 0, 1),
-    (16, 8, 2, 0, 1), (32, 2, 2, 0, 1), (32, 2, 2, 0, 0), (16, 4, 2, 12, 1), (16, 4, 2, 1, 1)))]
+    (16, 4, 2, 0, 1), (16, 4, 2, 0, 0), (8, 4, 2, 0, 1), (4, 4, 2, 0, 1), (4, 4, 6, 1, 1),
+    (3, 8, 5, 0, 1), (2, 8, 2, 0, 1), (2, 8, 4, 0, 0), (2, 4, 4, 0, 1), (2, 16, 4, 0, 1),
+    (1, 8, 3, 0, 1)))]
 DW_CONFIGS = {  # per_sm: persistent blocks (at most what fits at once)
     "dw512": [{}, dict(g=4), dict(g=16), dict(g=24), dict(g=8, v=14), dict(g=8, threads=128),
               dict(per_sm=4), dict(per_sm=3), dict(g=16, per_sm=2), dict(g=4, per_sm=8)],
@@ -44,6 +47,10 @@ DW_CONFIGS = {  # per_sm: persistent blocks (at most what fits at once)
              dict(tp=16, threads=128), dict(per_sm=4), dict(per_sm=3), dict(tp=8, per_sm=8),
              dict(tp=32, per_sm=2)],
 }
+STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
+                 "dw32": [{}, dict(v=2, warps=4, pf=4), dict(v=2, warps=8, pf=4),
+                          dict(v=2, warps=8, pf=2), dict(v=8, warps=4, pf=2),
+                          dict(v=3, warps=8, pf=5), dict(v=4, warps=8, pf=6)]}
 T0 = time.time()
 TABLE = []
 
@@ -180,6 +187,15 @@ def depthwise_section(layer, copy, torch):
         timed(sec, label, rotating(lambda i, c=cfg: depthwise03_cuda.launch(
             dxs[i], dwt, dys[i], 1, 1, 1, C, **c)), read, expected, absref, nbytes, copy,
             config=t, rotating_sets=nsets)
+    for cfg in STRIP_CONFIGS[layer]:
+        t = {**depthwise04_strips_cuda.DEFAULT, **cfg}
+        for d in dys:
+            d.copy_to_device(check.poisoned(out_shape))
+        timed(sec, "depthwise04_strips_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
+              + (" (default)" if not cfg else ""), rotating(
+                  lambda i, c=cfg: depthwise04_strips_cuda.launch(dxs[i], dwt, dys[i], 1, 1,
+                                                                  **c)),
+              read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
     for d in dys:
         d.copy_to_device(check.poisoned(out_shape))
     timed(sec, "depthwise02_smem default (Numba)", rotating(lambda i: depthwise02_smem.launch(
@@ -209,9 +225,13 @@ def main():
     copy = bench.copy_bandwidth(repeat=5)
     print(f"copy bandwidth (best D2D of 2 GiB): {copy:.0f} GB/s", flush=True)
     torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
-    filter_section(copy)
+    only = os.environ.get("ONLY", "filter,dw512,dw32").split(",")  # the sections to run
+    if "filter" in only:
+        filter_section(copy)
     print(f"({time.time() - T0:.0f} s)", flush=True)
     for layer in ("dw512", "dw32"):
+        if layer not in only:
+            continue
         depthwise_section(layer, copy, torch)
         print(f"({time.time() - T0:.0f} s)", flush=True)
     name = getattr(cuda.get_current_device(), "name", "unknown")
@@ -228,8 +248,8 @@ def main():
                   f"{r['pct_copy']:6.1f}%")
         else:
             print(f"{r['section']:6s} {r['name']:44s} FAILED {r.get('error', '')[:60]}")
-    for sec, mine in (("filter", "filter03_cuda"), ("dw512", "depthwise03_cuda"),
-                      ("dw32", "depthwise03_cuda")):
+    for sec, mine in (("filter", "filter03_cuda"), ("dw512", "depthwise0"),
+                      ("dw32", "depthwise0")):
         rows = [r for r in TABLE if r["section"] == sec and r.get("ok")]
         best = max((r for r in rows if r["name"].startswith(mine)), key=lambda r: r["gbps"],
                    default=None)

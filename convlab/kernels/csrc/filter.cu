@@ -1,6 +1,8 @@
 // 2-D image filter ("same" size, zero padding, cross-correlation as reference.filter2d):
 // out[y][x] = sum_{r,s} TAPS[r][s] * img[y - FR/2 + r][x - FS/2 + s].
-// Needs a header defining FR, FS (odd) and TAPS[FR][FS] (constants folded into the FMAs).
+// Needs a header defining FR, FS (odd) and TAPS[FR][FS] (constants folded into the FMAs),
+// or FR, FS and PLANE_TAPS: then the kernel is the depthwise layer (at the end), every
+// plane of x filtered with its channel's taps, read from memory.
 //
 // A warp owns 32 * VEC adjacent columns and a strip of V rows; lane l owns VEC columns
 // (VEC = 4: one float4, a 16-byte load and store per row). Each lane slides down its
@@ -70,7 +72,8 @@ __device__ __forceinline__ void assemble(float (&v)[VEC + 2 * HS], const RawRow<
 // reverse, so tap row r meets the row fetched FR - 1 - r steps before the newest.
 template <int VEC, int V, int PF, bool UP>
 __device__ __forceinline__ void strip(const float* __restrict__ img, float* __restrict__ out,
-                                      int H, int W, int y0, int c0, int lane) {
+                                      int H, int W, int y0, int c0, int lane,
+                                      const float (&taps)[FR][FS]) {
     constexpr int NR = V + FR - 1;  // input rows a strip reads
     const int first = UP ? y0 + V - 1 + HR : y0 - HR, step = UP ? -1 : 1;
     RawRow<VEC> queue[PF];
@@ -93,7 +96,7 @@ __device__ __forceinline__ void strip(const float* __restrict__ img, float* __re
                 for (int s = 0; s < FS; ++s) {
 #pragma unroll
                     for (int i = 0; i < VEC; ++i)
-                        acc[i] = fmaf(TAPS[UP ? FR - 1 - r : r][s], win[(o + r) % FR][i + s],
+                        acc[i] = fmaf(taps[UP ? FR - 1 - r : r][s], win[(o + r) % FR][i + s],
                                       acc[i]);
                 }
             }
@@ -113,6 +116,7 @@ __device__ __forceinline__ void strip(const float* __restrict__ img, float* __re
     }
 }
 
+#ifndef PLANE_TAPS
 // Grid: (ceil(W / (32 VEC)), ceil(H / (V WARPS))); block: 32 WARPS threads (1-D). MINB:
 // blocks per SM the registers must allow (0: the compiler's choice; 1 lets it hoist every
 // load of the unrolled strip, at up to 255 registers). ALT: odd strips walk up, so the
@@ -128,7 +132,34 @@ filter2d(const float* __restrict__ img, float* __restrict__ out, int H, int W) {
     const int y0 = sg * V;
     if (y0 >= H) return;  // the whole warp: shuffles below always see 32 lanes
     if (ALT && (sg & 1))
-        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane);
+        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane, TAPS);
     else
-        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane);
+        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane, TAPS);
 }
+#else
+// The depthwise layer (groups = C, stride 1, padding FR/2 x FS/2) as one filter per plane:
+// plane n C + c of x (H x W, NCHW) filtered with w[c] (FR x FS) into the same plane of y.
+// Grid: (ceil(W / (32 VEC)), ceil(H / (V WARPS)), N C planes); block: 32 WARPS threads.
+template <int VEC, int V, int WARPS, int PF, bool ALT>
+__global__ void __launch_bounds__(WARPS * 32)
+depthwise_strips(const float* __restrict__ x, const float* __restrict__ w,
+                 float* __restrict__ y, int H, int W, int C) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c0 = (blockIdx.x * 32 + lane) * VEC;
+    const int sg = blockIdx.y * WARPS + warp;  // strip index
+    const int y0 = sg * V;
+    if (y0 >= H) return;  // the whole warp: shuffles below always see 32 lanes
+    const long long plane = blockIdx.z;
+    float taps[FR][FS];
+#pragma unroll
+    for (int r = 0; r < FR; ++r)
+#pragma unroll
+        for (int s = 0; s < FS; ++s) taps[r][s] = w[(plane % C) * (FR * FS) + r * FS + s];
+    const float* img = x + plane * H * W;
+    float* out = y + plane * H * W;
+    if (ALT && (sg & 1))
+        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane, taps);
+    else
+        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane, taps);
+}
+#endif

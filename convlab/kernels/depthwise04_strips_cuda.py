@@ -1,0 +1,97 @@
+"""Depthwise convolution, step 4: the image filter's strips, one filter per plane.
+
+A stride-1 depthwise layer with "same" padding is an image filter run on every plane of
+x, with the plane's channel's taps. So the fastest filter of the course (`filter03_cuda`,
+``csrc/filter.cu``: float4 rows held in registers, halo columns by shuffle, short strips
+of rows) runs it unchanged, one grid plane (blockIdx.z) per plane of NCHW x, its taps
+read from w into registers once per warp. Nothing goes through shared memory, and large
+planes (112 x 112: 28 float4 per row, one warp across) are read like one long image.
+Small planes (14 x 14: rows of 14 floats, not float4) leave most lanes of a warp idle:
+there `depthwise03_cuda`, which copies whole planes through shared memory, is the kernel.
+
+Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
+
+    depthwise_strips_cuda(x, w, y, stride=1, padding=(R // 2, S // 2), groups=C) -> y
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import filter03_cuda as F
+from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, remember
+from .depthwise01_direct import depthwise_params
+
+NAME = "depthwise_strips_cuda"
+MAX_SIZE = F.MAX_SIZE
+MAX_PLANES = 65535  # N * C: the grid's z extent
+DEFAULT = dict(v=4, warps=4, pf=6, alt=1)  # tools/gpu/memory_bound.py, 32ch 112x112
+
+
+def kernel_name(vec: int, v: int, warps: int, pf: int, alt: int = 1) -> str:
+    return f"depthwise_strips<{vec}, {v}, {warps}, {pf}, {'true' if alt else 'false'}>"
+
+
+def source(R: int, S: int) -> str:
+    return f"#define FR {R}\n#define FS {S}\n#define PLANE_TAPS 1\n" + F.SOURCE_PATH.read_text()
+
+
+@functools.cache
+def _kernel(R: int, S: int, name: str):
+    import cupy as cp
+
+    mod = cp.RawModule(code=source(R, S), options=("-std=c++17",), name_expressions=(name,))
+    return mod.get_function(name)
+
+
+def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
+         warps=DEFAULT["warps"], pf=DEFAULT["pf"], alt=DEFAULT["alt"]) -> tuple:
+    """Check a launch: (kernel, grid, block, int32 H, W, C)."""
+    p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
+    for label, a in (("x", x), ("w", w), ("out", out)):
+        check_array(NAME, label, a, a.shape, ("float32",))
+    if p.stride != (1, 1) or p.padding != (p.R // 2, p.S // 2) or p.R % 2 == 0 or p.S % 2 == 0:
+        raise Unsupported(f"{NAME}: stride 1 and 'same' padding (odd R, S; padding R//2, "
+                          f"S//2) only, got stride {p.stride}, padding {p.padding}, "
+                          f"{p.R}x{p.S}")
+    if max(p.R, p.S) > MAX_SIZE:
+        raise Unsupported(f"{NAME}: filters up to {MAX_SIZE}x{MAX_SIZE}, got {p.R}x{p.S}")
+    if p.N * p.C > MAX_PLANES:
+        raise Unsupported(f"{NAME}: {p.N * p.C} planes exceed the grid's {MAX_PLANES}")
+    if not (1 <= v <= 64 and 1 <= warps <= 32 and 1 <= pf <= 8):
+        raise Unsupported(f"{NAME}: bad tiling v={v} warps={warps} pf={pf}")
+    vec = 4 if (p.W % 4 == 0 and device_pointer(x) % 16 == 0
+                and device_pointer(out) % 16 == 0) else 1
+    grid = (ceil_div(p.W, 32 * vec), ceil_div(p.H, v * warps), p.N * p.C)
+    k = _kernel(p.R, p.S, kernel_name(vec, v, warps, pf, alt))
+    return k, grid, (32 * warps,), np.int32(p.H), np.int32(p.W), np.int32(p.C)
+
+
+_PLANS: dict = {}
+
+
+def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
+    """Run the kernel with an explicit tiling (v, warps, pf, alt as filter03_cuda's)."""
+    cfg = {**DEFAULT, **tiling}
+    try:
+        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
+               stride, padding, dilation, groups, tuple(sorted(cfg.items())),
+               device_pointer(x) % 16, device_pointer(out) % 16)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError, KeyError):  # checked by plan
+        key = run = None
+    if run is None:
+        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, **cfg))
+    import cupy as cp
+
+    k, grid, block, H, W, C = run
+    k(grid, block, (cp.asarray(x), cp.asarray(w), cp.asarray(out), H, W, C))
+    return out
+
+
+@launcher
+def depthwise_strips_cuda(x, w, out, stride=1, padding=1, dilation=1, groups=None):
+    """Depthwise conv (groups = C, w (C, 1, R, S)), stride 1, 'same' padding, up to 9x9."""
+    return launch(x, w, out, stride, padding, dilation, groups)
