@@ -55,6 +55,48 @@ SIZES = [("filter", 2 * 4096 * 4096 * 4, False), ("dw512", 2 * 32 * 512 * 196 * 
 TABLE = []
 
 
+def size_rows(label, nbytes, rotate, copy, mod, names, sms):
+    """Check and time every copy of one problem's bytes (rows into TABLE)."""
+    half = nbytes // 2
+    n4 = half // 16
+    nsets = max(2, int(np.ceil(200e6 / nbytes))) if rotate else 1
+    srcs = [cp.random.standard_normal(half // 4, dtype=cp.float32) for _ in range(nsets)]
+    dsts = [cp.empty_like(s) for s in srcs]
+    state = [0]
+
+    def rotating(call):
+        def f():
+            i = state[0] % nsets
+            state[0] += 1
+            call(srcs[i], dsts[i])
+        return f
+
+    def timed(name, call):
+        for d in dsts:
+            d.fill(cp.nan)
+        f = rotating(call)
+        for _ in range(nsets):
+            f()
+        cp.cuda.Device().synchronize()
+        ok = all(bool(cp.array_equal(s, d)) for s, d in zip(srcs, dsts, strict=True))
+        us = bench.time_gpu_queued(f, calls=20, repeat=7).median_ms * 1e3 if ok else None
+        r = dict(size=label, name=name, ok=ok, us=us, sets=nsets,
+                 gbps=nbytes / (us * 1e-6) / 1e9 if ok else None)
+        r["pct_copy"] = 100 * r["gbps"] / copy if ok else None
+        TABLE.append(r)
+        print(f"  {label:6s} {name:40s} " + (f"{us:8.1f} us {r['gbps']:6.0f} GB/s "
+                                              f"{r['pct_copy']:5.1f}%" if ok else "WRONG"),
+              flush=True)
+
+    timed("memcpy (cupy D2D)", lambda s, d: d.__setitem__(slice(None), s))
+    for (u, _, st, threads, per_sm), nm in zip(VARIANTS, names, strict=True):
+        k = mod.get_function(nm)
+        grid = per_sm * sms if st else -(-n4 // (threads * u))
+        timed(f"{nm} t{threads} grid{grid}",
+              lambda s, d, k=k, grid=grid, threads=threads: k(
+                  (grid,), (threads,), (s, d, np.int64(n4))))
+
+
 def main():
     t0 = time.time()
     copy = bench.copy_bandwidth(repeat=5)
@@ -63,45 +105,7 @@ def main():
     mod = cp.RawModule(code=SRC, options=("-std=c++17",), name_expressions=names)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     for label, nbytes, rotate in SIZES:
-        half = nbytes // 2
-        n4 = half // 16
-        nsets = max(2, int(np.ceil(200e6 / nbytes))) if rotate else 1
-        srcs = [cp.random.standard_normal(half // 4, dtype=cp.float32) for _ in range(nsets)]
-        dsts = [cp.empty_like(s) for s in srcs]
-        state = [0]
-
-        def rotating(call):
-            def f():
-                i = state[0] % nsets
-                state[0] += 1
-                call(srcs[i], dsts[i])
-            return f
-
-        def timed(name, call):
-            for d in dsts:
-                d.fill(cp.nan)
-            f = rotating(call)
-            for _ in range(nsets):
-                f()
-            cp.cuda.Device().synchronize()
-            ok = all(bool(cp.array_equal(s, d)) for s, d in zip(srcs, dsts))
-            us = bench.time_gpu_queued(f, calls=20, repeat=7).median_ms * 1e3 if ok else None
-            r = dict(size=label, name=name, ok=ok, us=us, sets=nsets,
-                     gbps=nbytes / (us * 1e-6) / 1e9 if ok else None)
-            r["pct_copy"] = 100 * r["gbps"] / copy if ok else None
-            TABLE.append(r)
-            print(f"  {label:6s} {name:40s} " + (f"{us:8.1f} us {r['gbps']:6.0f} GB/s "
-                                                  f"{r['pct_copy']:5.1f}%" if ok else "WRONG"),
-                  flush=True)
-
-        timed("memcpy (cupy D2D)", lambda s, d: d.__setitem__(slice(None), s))
-        for (u, h, st, threads, per_sm), nm in zip(VARIANTS, names):
-            k = mod.get_function(nm)
-            grid = per_sm * sms if st else -(-n4 // (threads * u))
-            timed(f"{nm} t{threads} grid{grid}",
-                  lambda s, d, k=k, grid=grid, threads=threads: k(
-                      (grid,), (threads,), (s, d, np.int64(n4))))
-        del srcs, dsts
+        size_rows(label, nbytes, rotate, copy, mod, names, sms)
         cp.get_default_memory_pool().free_all_blocks()
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "copy_ceiling.json"), "w") as f:
