@@ -337,7 +337,8 @@ def _gemm_reference(a, b):
 def beside_kernels(tf32: bool = False) -> dict:
     """Kernels raced beside the ladder but not rungs of it: Triton at fp32 (and at tf32,
     checked at TF32's tolerance), where it runs; Winograd F(2x2, 3x3) and F(4x4, 3x3) where
-    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison),
+    CuPy runs (the course's batched GEMM, and F(4x4) with cuBLAS's for comparison; F(2x2)
+    also fused into one kernel),
     im2col + the course's batched GEMM, the one-launch GEMM for small convs (pure Numba
     on a GPU, CUDA C where CuPy runs), and
     `conv2d_cuda`, which picks one of them by a rule."""
@@ -356,6 +357,9 @@ def beside_kernels(tf32: bool = False) -> dict:
         out["winograd_f2_cuda"] = wino.conv2d_winograd_f2_cuda
         out["winograd_f4_cuda"] = wino.conv2d_winograd_f4_cuda
         out["winograd_f4_cublas"] = wino.conv2d_winograd_f4_cublas
+        from .kernels import winograd02_fused_cuda
+
+        out["winograd_fused_cuda"] = winograd02_fused_cuda.conv2d_winograd_fused_cuda
         from .kernels import im2col01_cuda
 
         out["im2col_cuda"] = im2col01_cuda.conv2d_im2col_cuda

@@ -48,11 +48,15 @@ def source(m: int = 2) -> str:
 
 
 @functools.cache
-def _kernels(m: int):
+def module(m: int):
+    """The compiled kernels of F(m) (CuPy RawModule, compiled at the first call)."""
     import cupy as cp
 
-    mod = cp.RawModule(code=source(m), options=("-std=c++17",))
-    return tuple(mod.get_function(k) for k in ("wino_filter", "wino_input", "wino_output"))
+    return cp.RawModule(code=source(m), options=("-std=c++17",))
+
+
+def _kernels(m: int):
+    return tuple(module(m).get_function(k) for k in ("wino_filter", "wino_input", "wino_output"))
 
 
 @launcher

@@ -110,3 +110,158 @@ extern "C" __global__ void wino_output(const float* __restrict__ Mw, float* __re
         }
     }
 }
+
+#if WINO_M == 2
+// Fused F(2x2, 3x3): x and U (wino_filter's [xi][k][c]) in, y out, in one kernel; V and M
+// never leave the chip. A block owns FB_K filters x FB_T output tiles and walks the
+// channels in slabs of FB_C:
+//  1. each thread transforms one (channel, tile) 4 x 4 input patch into its 16 values,
+//     Vs[c][xi][t]; the U slab is copied to Us[c][xi][k];
+//  2. the 16 GEMMs: thread (xg, kg, tg) sums xi in 4 xg .. 4 xg + 3, k in 4 kg .., t in
+//     4 tg .. (64 sums): two float4 shared reads per xi and channel feed 16 FMAs. The next
+//     slab's patch and U values are loaded into registers meanwhile;
+//  3. at the end the sums go through shared memory, one half of the filters at a time, and
+//     each thread turns the 16 values of two (k, tile) pairs into their 2 x 2 outputs.
+// u_vec: U rows as float4 (C % 4 == 0, U aligned). Grid: (ceil(T / FB_T), ceil(K / FB_K)).
+#define FB_K 32
+#define FB_T 32
+#define FB_C 8
+#define FB_THREADS 256
+extern "C" __global__ void __launch_bounds__(FB_THREADS)
+wino_fused(const float* __restrict__ x, const float* __restrict__ U, float* __restrict__ y,
+           int C, int H, int W, int K, int P, int Q, int TY, int TX, int T, int pad, int u_vec) {
+    static_assert(XI == 16 && FB_THREADS == (XI / 4) * (FB_K / 4) * (FB_T / 4), "F(2x2)");
+    static_assert(FB_C * FB_T == FB_THREADS, "one (channel, tile) patch per thread");
+    union Smem {
+        struct Slab { float V[FB_C][XI][FB_T]; float U[FB_C][XI][FB_K]; } s;
+        float M[XI][FB_K / 2][FB_T];
+    };
+    __shared__ __align__(16) Smem sm;
+    const int tid = threadIdx.x;
+    const int t0 = blockIdx.x * FB_T, k0 = blockIdx.y * FB_K;
+    const int tg = tid % (FB_T / 4), kg = (tid / (FB_T / 4)) % (FB_K / 4);
+    const int xg = tid / ((FB_T / 4) * (FB_K / 4));
+    // the input patch this thread transforms: channel ic of the slab, tile it of the block
+    const int ic = tid / FB_T, it = tid % FB_T, tile = t0 + it;
+    const bool tok = tile < T;
+    const int tx = tok ? tile % TX : 0, ty = tok ? (tile / TX) % TY : 0;
+    const int n = tok ? tile / (TX * TY) : 0;
+    const int h0 = WINO_M * ty - pad, w0 = WINO_M * tx - pad;
+    const float* xn = x + (long long)n * C * H * W;
+    constexpr int U_F4 = FB_C * XI * FB_K / 4 / FB_THREADS;  // float4s of U per thread
+
+    float d[ALPHA][ALPHA];
+    float4 ur[U_F4];
+    auto fetch = [&](int c0) {
+        const int c = c0 + ic;
+        const float* xc = xn + (long long)c * H * W;
+#pragma unroll
+        for (int i = 0; i < ALPHA; ++i)
+#pragma unroll
+            for (int j = 0; j < ALPHA; ++j) {
+                const int h = h0 + i, ww = w0 + j;
+                d[i][j] = (tok && c < C && (unsigned)h < (unsigned)H && (unsigned)ww < (unsigned)W)
+                              ? xc[h * W + ww] : 0.0f;
+            }
+#pragma unroll
+        for (int r = 0; r < U_F4; ++r) {
+            const int idx = tid + r * FB_THREADS, pair = idx / (FB_C / 4);
+            const int c4 = (idx % (FB_C / 4)) * 4, xi = pair / FB_K, k = pair % FB_K;
+            const int kk = k0 + k, cc = c0 + c4;
+            const float* src = U + ((long long)xi * K + kk) * C + cc;
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (kk < K) {
+                if (u_vec && cc + 3 < C) {
+                    v = *reinterpret_cast<const float4*>(src);
+                } else {
+                    if (cc < C) v.x = src[0];
+                    if (cc + 1 < C) v.y = src[1];
+                    if (cc + 2 < C) v.z = src[2];
+                    if (cc + 3 < C) v.w = src[3];
+                }
+            }
+            ur[r] = v;
+        }
+    };
+    auto store = [&]() {
+        float b[ALPHA][ALPHA], v[ALPHA][ALPHA];
+        matmul_const(BT, d, b);     // B^T d
+        matmul_const_t(b, BT, v);   // (B^T d) B
+#pragma unroll
+        for (int xi = 0; xi < XI; ++xi) sm.s.V[ic][xi][it] = v[xi / ALPHA][xi % ALPHA];
+#pragma unroll
+        for (int r = 0; r < U_F4; ++r) {
+            const int idx = tid + r * FB_THREADS, pair = idx / (FB_C / 4);
+            const int c4 = (idx % (FB_C / 4)) * 4, xi = pair / FB_K, k = pair % FB_K;
+            sm.s.U[c4 + 0][xi][k] = ur[r].x;
+            sm.s.U[c4 + 1][xi][k] = ur[r].y;
+            sm.s.U[c4 + 2][xi][k] = ur[r].z;
+            sm.s.U[c4 + 3][xi][k] = ur[r].w;
+        }
+    };
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[e][i][j] = 0.0f;
+    const int slabs = (C + FB_C - 1) / FB_C;
+    fetch(0);
+    for (int s = 0; s < slabs; ++s) {
+        __syncthreads();  // every thread is done reading the previous slab
+        store();
+        __syncthreads();
+        if (s + 1 < slabs) fetch((s + 1) * FB_C);  // in flight during the multiplications
+#pragma unroll
+        for (int c = 0; c < FB_C; ++c)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int xi = xg * 4 + e;
+                const float4 a = *reinterpret_cast<const float4*>(&sm.s.U[c][xi][kg * 4]);
+                const float4 b = *reinterpret_cast<const float4*>(&sm.s.V[c][xi][tg * 4]);
+                const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) acc[e][i][j] = fmaf(av[i], bv[j], acc[e][i][j]);
+            }
+    }
+    constexpr int KH = FB_K / 2;  // filters per half
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        __syncthreads();  // the slab (or the previous half) is no longer read
+        if (kg * 4 / KH == half) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        sm.M[xg * 4 + e][kg * 4 - half * KH + i][tg * 4 + j] = acc[e][i][j];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < KH * FB_T / FB_THREADS; ++r) {
+            const int pidx = tid + r * FB_THREADS, kl = pidx / FB_T, t = pidx % FB_T;
+            const int kk = k0 + half * KH + kl, tt = t0 + t;
+            if (kk >= K || tt >= T) continue;
+            float a[ALPHA][ALPHA], rr[WINO_M][ALPHA], o[WINO_M][WINO_M];
+#pragma unroll
+            for (int xi = 0; xi < XI; ++xi) a[xi / ALPHA][xi % ALPHA] = sm.M[xi][kl][t];
+            matmul_const(AT, a, rr);     // A^T m
+            matmul_const_t(rr, AT, o);   // (A^T m) A
+            const int ox = tt % TX, oy = (tt / TX) % TY, on = tt / (TX * TY);
+            float* yk = y + ((long long)on * K + kk) * P * Q;
+#pragma unroll
+            for (int i = 0; i < WINO_M; ++i)
+#pragma unroll
+                for (int j = 0; j < WINO_M; ++j) {
+                    const int p = WINO_M * oy + i, q = WINO_M * ox + j;
+                    if (p < P && q < Q) yk[p * Q + q] = o[i][j];
+                }
+        }
+    }
+}
+#endif
