@@ -1,13 +1,14 @@
 """Depthwise convolution, step 4: the image filter's strips, one filter per plane.
 
 A stride-1 depthwise layer with "same" padding is an image filter run on every plane of
-x, with the plane's channel's taps. So the fastest filter of the course (`filter03_cuda`,
+x, with the plane's channel's taps. So the course's CUDA C filter (`filter03_cuda`,
 ``csrc/filter.cu``: float4 rows held in registers, halo columns by shuffle, short strips
-of rows) runs it unchanged, one grid plane (blockIdx.z) per plane of NCHW x, its taps
-read from w into registers once per warp. Nothing goes through shared memory, and large
-planes (112 x 112: 28 float4 per row, one warp across) are read like one long image.
-Small planes (14 x 14: rows of 14 floats, not float4) leave most lanes of a warp idle:
-there `depthwise03_cuda`, which copies whole planes through shared memory, is the kernel.
+of rows) runs it, one grid plane (blockIdx.z) per plane of NCHW x; the taps, which the
+filter folds in as constants, are read from w into each thread's registers. Nothing goes
+through shared memory. Large planes (112 x 112: 28 float4 per row, 28 of a warp's 32
+lanes) suit it. Small planes (14 x 14: rows of 14 floats, not a multiple of 4) take the
+scalar path with 14 busy lanes; there the kernels that copy whole planes through shared
+memory (`depthwise02_smem`, `depthwise03_cuda`) are faster.
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
 

@@ -1,8 +1,8 @@
 """Winograd F(2x2, 3x3) fused: one kernel from the input to the output, V and M on chip.
 
 `winograd01_cuda` runs the Winograd convolution as three steps around a batched GEMM, and
-its V (16 x C x T) and M (16 x K x T) arrays go through memory: for F(2x2) that is 4x the
-input's bytes written and read back, and 4x the output's. Here one kernel
+its V (16 x C x T) and M (16 x K x T) arrays go through memory: for F(2x2) about 4x the
+input's bytes written and read back, and 4x the output's (more on odd planes). Here one kernel
 (``csrc/winograd.cu``, ``wino_fused``) does all of it per block of 32 filters x 32 output
 tiles: it transforms each slab of 8 channels' input patches into shared memory, runs the
 16 small GEMMs on it with 64 sums per thread in registers, and after the last channel

@@ -7,10 +7,11 @@
 // A warp owns 32 * VEC adjacent columns and a strip of V rows; lane l owns VEC columns
 // (VEC = 4: one float4, a 16-byte load and store per row). Each lane slides down its
 // strip keeping FR rows of its window in registers: every input row is loaded once per
-// strip, as one coalesced 512-byte read per warp. The FS/2 neighbour columns on each side
-// come from the adjacent lanes (__shfl_up_sync / __shfl_down_sync); only lane 0 and
-// lane 31 read them from memory. Rows are fetched PF rows ahead of the one being
-// assembled, so PF loads of every thread are in flight while it computes. The warps of
+// strip, as one coalesced read per warp (512 bytes with VEC = 4). The FS/2 neighbour
+// columns on each side come from the adjacent lanes (__shfl_up_sync / __shfl_down_sync);
+// only the edge lanes read them from memory (lanes 0 and 31 when VEC >= FS/2). Rows are
+// fetched PF rows ahead of the one being assembled, so PF loads of every thread are in
+// flight while it computes. The warps of
 // a block stack vertically (strips of neighbouring rows: their halo rows hit in cache).
 #define HR (FR / 2)
 #define HS (FS / 2)

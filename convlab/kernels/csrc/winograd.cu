@@ -113,15 +113,15 @@ extern "C" __global__ void wino_output(const float* __restrict__ Mw, float* __re
 
 #if WINO_M == 2
 // Fused F(2x2, 3x3): x and U (wino_filter's [xi][k][c]) in, y out, in one kernel; V and M
-// never leave the chip. A block owns FB_K filters x FB_T output tiles and walks the
+// never leave the chip (x is read by every filter block, U by every tile block). A block owns FB_K filters x FB_T output tiles and walks the
 // channels in slabs of FB_C:
 //  1. each thread transforms one (channel, tile) 4 x 4 input patch into its 16 values,
 //     Vs[c][xi][t]; the U slab is copied to Us[c][xi][k];
 //  2. the 16 GEMMs: thread (xg, kg, tg) sums xi in 4 xg .. 4 xg + 3, k in 4 kg .., t in
 //     4 tg .. (64 sums): two float4 shared reads per xi and channel feed 16 FMAs. The next
 //     slab's patch and U values are loaded into registers meanwhile;
-//  3. at the end the sums go through shared memory, one half of the filters at a time, and
-//     each thread turns the 16 values of two (k, tile) pairs into their 2 x 2 outputs.
+//  3. at the end the sums go through shared memory, one half of the filters at a time; in
+//     each half every thread turns the 16 values of two (k, tile) pairs into 2 x 2 outputs.
 // u_vec: U rows as float4 (C % 4 == 0, U aligned). Grid: (ceil(T / FB_T), ceil(K / FB_K)).
 #define FB_K 32
 #define FB_T 32
