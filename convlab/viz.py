@@ -697,6 +697,38 @@ def draw_plane_tiles(G=3, H=5, W=5, pad=1, threads=8, v=2):
     return fig
 
 
+def draw_row_strips(H=10, V=2, lanes=16, show=1):
+    """The filter's strips (filter03_cuda, depthwise04_strips_cuda): H image rows x one
+    warp's lanes (a cell is one lane's float4, 4 columns), rows grouped into strips of V,
+    one warp each, coloured by strip; even strips walk down, odd ones up (arrows). Strip
+    `show`'s read window (its V rows and the R - 1 = 2 halo rows of a 3x3 filter) is
+    dashed; the halo columns of lanes 0 and lanes - 1 (read from memory, the rest come by
+    shuffle) are framed. Returns the figure."""
+    plt = _plt()
+    strips = -(-H // V)
+    fig, ax = plt.subplots(figsize=(min(12, 0.42 * lanes + 3), 0.32 * H + 1.4))
+    colors = [[CHANNEL_COLORS[(i // V) % len(CHANNEL_COLORS)] for _ in range(lanes)]
+              for i in range(H)]
+    _grid(ax, 0, 0, H, lanes, color=colors)
+    for k in range(strips):
+        y0, y1 = k * V, min(H, (k + 1) * V)
+        ax.text(-0.6, (y0 + y1) / 2, f"strip {k} {'↑' if k % 2 else '↓'}", ha="right",
+                va="center", fontsize=7)
+    top = max(0, show * V - 1)
+    bottom = min(H, (show + 1) * V + 1)
+    _frame(ax, -0.15, top, bottom - top, lanes + 0.3, color="#023047", lw=1.4, ls="--",
+           size=1.0)
+    for x in (0, lanes - 1):
+        _frame(ax, x, top, bottom - top, 1, lw=1.6)
+    for j in range(lanes):
+        ax.text(j + 0.5, -0.35, str(j), ha="center", fontsize=6)
+    _finish(ax, f"one warp per strip of {V} rows (a cell: one lane's float4); strip {show} "
+                f"reads the dashed {bottom - top} rows at once; only lanes 0 and "
+                f"{lanes - 1} (red) read halo columns, the others get them by shuffle")
+    fig.tight_layout()
+    return fig
+
+
 def draw_banks(pitch=32, rows=8, cols=32):
     """A shared-memory tile with row pitch `pitch` floats, coloured by bank, and the 32
     words one warp reads when thread i reads row i of column 0 (a column read).

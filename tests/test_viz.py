@@ -125,6 +125,17 @@ def test_draw_plane_tiles_marks_zeros_and_one_copy_pass():
     assert len(red) == 5  # the first copy pass lands on 5 cells of tile 0
 
 
+def test_draw_row_strips_frames_one_window_and_the_edge_lanes():
+    fig = viz.draw_row_strips(H=9, V=2, lanes=8, show=1)
+    ax = fig.axes[0]
+    assert sum(1 for p in ax.patches if p.get_fill()) == 9 * 8  # one cell per lane and row
+    labels = [t.get_text() for t in ax.texts if t.get_text().startswith("strip")]
+    assert labels == ["strip 0 ↓", "strip 1 ↑", "strip 2 ↓", "strip 3 ↑", "strip 4 ↓"]
+    frames = [p for p in ax.patches if not p.get_fill()]
+    assert sorted(round(p.get_height()) for p in frames) == [4, 4, 4]  # rows 1..4: V + 2
+    assert "reads the dashed 4 rows" in ax.get_title()
+
+
 # ---------------------------------------------------------------------------------------
 # Lessons 07-09's pictures and their counts
 
