@@ -117,6 +117,25 @@ __device__ __forceinline__ void strip(const float* __restrict__ img, float* __re
     }
 }
 
+// This warp's strip of the block (a 1-D block of 32 WARPS threads, warps stacked
+// vertically; blockIdx.x: 32 VEC columns, blockIdx.y: V WARPS rows): odd strips walk up
+// when ALT (see filter2d). A warp past the bottom returns whole, so the shuffles in strip
+// always see 32 lanes.
+template <int VEC, int V, int WARPS, int PF, bool ALT>
+__device__ __forceinline__ void warp_strip(const float* __restrict__ img,
+                                           float* __restrict__ out, int H, int W,
+                                           const float (&taps)[FR][FS]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int c0 = (blockIdx.x * 32 + lane) * VEC;
+    const int sg = blockIdx.y * WARPS + warp;  // strip index
+    const int y0 = sg * V;
+    if (y0 >= H) return;
+    if (ALT && (sg & 1))
+        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane, taps);
+    else
+        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane, taps);
+}
+
 #ifndef PLANE_TAPS
 // Grid: (ceil(W / (32 VEC)), ceil(H / (V WARPS))); block: 32 WARPS threads (1-D). MINB:
 // blocks per SM the registers must allow (0: the compiler's choice; 1 lets it hoist every
@@ -127,15 +146,7 @@ __device__ __forceinline__ void strip(const float* __restrict__ img, float* __re
 template <int VEC, int V, int WARPS, int PF, int MINB, bool ALT>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
 filter2d(const float* __restrict__ img, float* __restrict__ out, int H, int W) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int c0 = (blockIdx.x * 32 + lane) * VEC;
-    const int sg = blockIdx.y * WARPS + warp;  // strip index
-    const int y0 = sg * V;
-    if (y0 >= H) return;  // the whole warp: shuffles below always see 32 lanes
-    if (ALT && (sg & 1))
-        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane, TAPS);
-    else
-        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane, TAPS);
+    warp_strip<VEC, V, WARPS, PF, ALT>(img, out, H, W, TAPS);
 }
 #else
 // The depthwise layer (groups = C, stride 1, padding FR/2 x FS/2) as one filter per plane:
@@ -145,22 +156,12 @@ template <int VEC, int V, int WARPS, int PF, bool ALT>
 __global__ void __launch_bounds__(WARPS * 32)
 depthwise_strips(const float* __restrict__ x, const float* __restrict__ w,
                  float* __restrict__ y, int H, int W, int C) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int c0 = (blockIdx.x * 32 + lane) * VEC;
-    const int sg = blockIdx.y * WARPS + warp;  // strip index
-    const int y0 = sg * V;
-    if (y0 >= H) return;  // the whole warp: shuffles below always see 32 lanes
     const long long plane = blockIdx.z;
     float taps[FR][FS];
 #pragma unroll
     for (int r = 0; r < FR; ++r)
 #pragma unroll
         for (int s = 0; s < FS; ++s) taps[r][s] = w[(plane % C) * (FR * FS) + r * FS + s];
-    const float* img = x + plane * H * W;
-    float* out = y + plane * H * W;
-    if (ALT && (sg & 1))
-        strip<VEC, V, PF, true>(img, out, H, W, y0, c0, lane, taps);
-    else
-        strip<VEC, V, PF, false>(img, out, H, W, y0, c0, lane, taps);
+    warp_strip<VEC, V, WARPS, PF, ALT>(x + plane * H * W, y + plane * H * W, H, W, taps);
 }
 #endif
