@@ -55,6 +55,7 @@ def module(m: int):
     return cp.RawModule(code=source(m), options=("-std=c++17",))
 
 
+@functools.cache
 def _kernels(m: int):
     return tuple(module(m).get_function(k) for k in ("wino_filter", "wino_input", "wino_output"))
 

@@ -16,6 +16,8 @@ Launcher signature (device arrays, float32; stride 1, dilation 1, equal padding)
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, conv_launch_params, device_pointer, launcher, workspace
@@ -23,6 +25,13 @@ from .winograd01_cuda import module
 
 NAME = "conv2d_winograd_fused_cuda"
 FB_K, FB_T, FB_THREADS = 32, 32, 256  # filters and output tiles per block; threads (csrc)
+
+
+@functools.cache
+def _kernels():
+    """The filter transform and the fused kernel (winograd01's F(2x2) module)."""
+    mod = module(2)
+    return mod.get_function("wino_filter"), mod.get_function("wino_fused")
 
 
 def grid(K: int, T: int) -> tuple:
@@ -48,12 +57,11 @@ def conv2d_winograd_fused_cuda(x, w, out, stride=1, padding=0, dilation=1, group
 
     xa, wa, ya = cp.asarray(x), cp.asarray(w), cp.asarray(out)
     U = workspace("winograd U", (16, p.K, p.C))
-    mod = module(2)
+    kf, kfused = _kernels()
     i32 = np.int32
-    mod.get_function("wino_filter")((ceil_div(p.K * p.C, 256),), (256,),
-                                    (wa, U, i32(p.K), i32(p.C)))
+    kf((ceil_div(p.K * p.C, 256),), (256,), (wa, U, i32(p.K), i32(p.C)))
     u_vec = i32(p.C % 4 == 0 and device_pointer(U) % 16 == 0)
-    mod.get_function("wino_fused")((gx, gy), (FB_THREADS,), (
+    kfused((gx, gy), (FB_THREADS,), (
         xa, U, ya, i32(p.C), i32(p.H), i32(p.W), i32(p.K), i32(p.P), i32(p.Q), i32(TY),
         i32(TX), i32(T), i32(p.padding[0]), u_vec))
     return out
