@@ -716,8 +716,7 @@ def draw_row_strips(H=10, V=2, lanes=16, show=1):
                 va="center", fontsize=7)
     top = max(0, show * V - 1)
     bottom = min(H, (show + 1) * V + 1)
-    _frame(ax, -0.15, top, bottom - top, lanes + 0.3, color="#023047", lw=1.4, ls="--",
-           size=1.0)
+    _frame(ax, -0.15, top, bottom - top, lanes + 0.3, color="#023047", lw=1.4, ls="--")
     for x in (0, lanes - 1):
         _frame(ax, x, top, bottom - top, 1, lw=1.6)
     for j in range(lanes):

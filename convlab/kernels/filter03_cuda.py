@@ -13,10 +13,10 @@ neighbouring strips bring into the cache at the same moment (odd strips walk up,
 ones down: the rows two strips share are both strips' first rows, or both strips' last).
 
 The default strips are short (V = 2: a warp issues its four row loads at once, writes two
-rows and is gone). Long strips read fewer halo rows, but a warp that lives for many
-DRAM round trips leaves SMs idle while the last long-lived warps finish; short-lived
-warps let the block scheduler keep every SM busy to the end, as the fastest copy of
-these bytes does (one float4 per thread). The halo rows come from the L2.
+rows and is gone), the fastest in the H200 sweep (tools/gpu/memory_bound.py). Long strips
+read fewer halo rows, but each warp waits through many DRAM round trips one after the
+other with few loads in flight; short strips read every row twice, the second time from
+the L2.
 
 Rows must start on 16 bytes for float4 (W % 4 == 0, aligned buffers); otherwise the same
 kernel runs with one column per lane (scalar loads). The taps are compiled in as
