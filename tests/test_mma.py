@@ -21,6 +21,7 @@ import importlib.util
 import itertools
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +69,11 @@ EPI = Cfg(32, 32, 32, 16, 16, STAGES=3, EPI_SMEM=1)
 EPI_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, EPI_SMEM=1)
 EPI_FP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1)
 EPIS = (EPI, EPI_REGS, EPI_FP)
+# the conv's one-tap-per-slab loader: 4- and 8-chunk rows, with the fragment pipeline and
+# the staged epilogue
+TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
+TAPS64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2, TAPS=1)
+TAPS_EPI = Cfg(32, 64, 64, 32, 32, STAGES=3, EPI_SMEM=1, TAPS=1)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
@@ -76,7 +82,17 @@ CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
     ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
     ((1, 8, 7, 6), (10, 8, 3, 2), (1, 2), (1, 0), (2, 1)),
+    # C a multiple of 32 and 64 (TAPS), several filter tiles, every tap of a row masked
+    # somewhere, 18 / 9 slabs of 32 / 64
+    ((2, 64, 5, 5), (36, 64, 3, 3), 1, 2, 2),
+    ((1, 64, 6, 7), (40, 64, 3, 2), (1, 2), (1, 0), (2, 1)),
+    ((2, 32, 5, 5), (12, 32, 3, 3), 2, 1, 1),
 ]
+
+
+def _runs(spec, case) -> bool:
+    """TAPS kernels only see the layers their launcher gives them (C % BK == 0)."""
+    return not spec.cfg.TAPS or case[0][1] % spec.cfg.BK == 0
 
 
 def _unique(cfgs):
@@ -89,7 +105,10 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
               + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
-              + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])])  # the launcher's
+              + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
+              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI)]
+              + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
+              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI)])
 
 
 REAL = GEMM_SPECS + CONV_SPECS
@@ -145,7 +164,7 @@ def test_conv_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if not s.conv:
             continue
-        for case in CONV_CASES:
+        for case in filter(lambda c: _runs(s, c), CONV_CASES):
             err = E.conv_case(emu, i, *case, rng, late=True)
             if v := _verdict(emu, err, s):
                 bad.append(f"{s.cfg} {case}: {v}")
@@ -164,9 +183,10 @@ def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
     """gemm_mma_raw and conv2d_mma_nhwc end to end (their grid, shared memory, argument
     order and conv geometry) with the kernel emulated and host arrays as device arrays."""
     assert M2._SCALARS == E.kernel_scalars(M2.source())
-    operands = []
+    operands, asked = [], []
 
     def kernel(cfg, conv, out_f16, bf16):
+        asked.append(cfg)
         i = emu.specs.index(Spec(cfg, conv=conv, out_f16=out_f16, bf16=bf16))
         return lambda grid, block, args, shared_mem: emu.launch(i, grid, block, args,
                                                                 shared_mem, operands)
@@ -200,6 +220,19 @@ def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
     assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
     assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
 
+    # TAPS where C % BK == 0, and dropped where a slab would straddle two taps
+    for C, taps in ((32, 1), (16, 0)):
+        x = rng.standard_normal((2, 5, 6, C)).astype(np.float16)
+        w = rng.standard_normal((12, 3, 3, C)).astype(np.float16)
+        buf, y = _guarded((2, 5, 6, 12), 12)
+        operands[:] = [x, w]
+        M2.conv2d_mma_nhwc(x, w, y, padding=1, cfg=TAPS32)
+        assert asked[-1] == replace(TAPS32, TAPS=taps)
+        X, W = (v.astype(np.float64).transpose(0, 3, 1, 2) for v in (x, w))
+        exp, absr = ref.conv2d(X, W, padding=1), ref.conv2d(np.abs(X), np.abs(W), padding=1)
+        assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
+        assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
+
 
 @needs_gxx
 def test_swizzle_maps_each_stage_one_to_one(emu):
@@ -226,6 +259,7 @@ def test_rasterization_covers_every_tile_once():
 
 # one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
 CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)
+TAPS4, TAPS8 = Spec(TAPS32, conv=True), Spec(TAPS64, conv=True)
 MUTANTS = {
     "b0 and b1 swapped": ("bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]",
                           "bf[j / 2][(j & 1) * 2 + 1], bf[j / 2][(j & 1) * 2]", Spec(SWZ4), None),
@@ -235,9 +269,17 @@ MUTANTS = {
     "swizzle XOR with r / 2": ("((c ^ r) & 7)", "((c ^ (r >> 1)) & 7)", Spec(SWZ8), None),
     "line swizzle without XOR": ("((idx ^ line) & 7)", "(idx & 7)", Spec(SWZ4), None),
     "rows not padded": ("#define LDS (BK + 8)", "#define LDS BK", Spec(ASYNC_PAD), None),
-    "conv padding check dropped": ("h >= 0 && ", "", CONV4, 0),
-    "conv dilation ignored": ("r * pb.dh", "r", CONV4, 1),
+    "conv padding check dropped": ("kd < pb.Kd && h >= 0 && ", "kd < pb.Kd && ", CONV4, 0),
+    "conv dilation ignored": ("    int h = cr.h0 + r * pb.dh", "    int h = cr.h0 + r", CONV4, 1),
     "conv stride ignored": ("p * pb.sh", "p", CONV4, 0),
+    "taps: tap offset without dilation": ("(tap_r * pb.dh * pb.W + tap_s * pb.dw) * pb.C",
+                                          "(tap_r * pb.W + tap_s) * pb.C", TAPS4, 3),
+    "taps: the image's bottom edge not masked": ("h < pb.H && w >= 0 && w < pb.W)",
+                                                 "w >= 0 && w < pb.W)", TAPS8, 3),
+    "taps: s not reset at the row's end": ("tap_s = 0;\n                ++tap_r;", "++tap_r;",
+                                           TAPS8, 4),
+    "taps: tap index not advanced": ("++tap;\n", "\n", TAPS4, 5),
+    "taps: rows past M keep taps": ("(cr.base >= 0 && h >= 0", "(h >= 0", TAPS8, 4),
     "K tail of B not masked": ("valid = n < pb.N && kd < pb.Kd;", "valid = n < pb.N;",
                                Spec(SWZ4), None),
     "epilogue column mask dropped": ("row < pb.M && col < pb.N", "row < pb.M", Spec(SWZ4), None),
@@ -373,8 +415,7 @@ def test_every_ladder_step_and_candidate_compiles_to_ptx():
 @needs_nvrtc
 def test_scheduling_switches_compile_to_ptx():
     """FRAG_PIPE, GPTR, SERPENTINE alone and together on the H200 tiles (sm_90), the
-    combination on sm_80 and in the conv (where GPTR has no effect)."""
-    from dataclasses import replace
+    combination on sm_80 and in the conv (where GPTR has no effect); the conv's TAPS."""
 
     tiles = (replace(M2.STEP3, STAGES=4), replace(M2.STEP3, BK=64, STAGES=3),
              replace(M2.STEP3, BN=256, STAGES=3))
@@ -388,8 +429,12 @@ def test_scheduling_switches_compile_to_ptx():
     _check_ptx(M2.compile_ptx(both, "compute_90", conv=True), both)
     with pytest.raises(ValueError, match="FRAG_PIPE"):
         replace(M2.STEP1, FRAG_PIPE=1).validate()
-    with pytest.raises(ValueError, match="GPTR needs whole chunks"):
-        replace(M2.STEP3, BK=48, SWIZZLE=0, GPTR=1).validate()
+    for kw in (dict(GPTR=1), dict(TAPS=1)):
+        with pytest.raises(ValueError, match="TAPS need whole chunks"):
+            replace(M2.STEP3, BK=48, SWIZZLE=0, **kw).validate()
+    taps = replace(tiles[1], FRAG_PIPE=1, TAPS=1)   # the conv's loader, sm_80 and sm_90
+    for arch in ("compute_80", "compute_90"):
+        _check_ptx(M2.compile_ptx(taps, arch, conv=True), taps)
 
 
 @pytest.mark.gpu

@@ -39,7 +39,8 @@ PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 @dataclass(frozen=True)
 class MmaConfig:
     """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
-    scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only)."""
+    scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only); the
+    conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0)."""
 
     BM: int = 128
     BN: int = 128
@@ -54,6 +55,7 @@ class MmaConfig:
     GPTR: int = 0
     SERPENTINE: int = 0
     EPI_SMEM: int = 0
+    TAPS: int = 0
     EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
@@ -74,14 +76,15 @@ class MmaConfig:
             raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
         if not self.ASYNC and self.STAGES != 2:
             raise ValueError(f"{self}: register staging uses STAGES=2")
-        if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE) and not self.ASYNC:
-            raise ValueError(f"{self}: FRAG_PIPE, GPTR and SERPENTINE need ASYNC=1")
+        if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE or self.TAPS) and not self.ASYNC:
+            raise ValueError(f"{self}: FRAG_PIPE, GPTR, SERPENTINE and TAPS need ASYNC=1")
         if self.FRAG_PIPE and ((self.BK // 16) % 2 or (self.SWIZZLE and self.BK > 64)):
             raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 even (and BK <= 64 swizzled)")
-        if self.GPTR and (self.threads % (self.BK // 8)
+        if (self.GPTR or self.TAPS) and (self.threads % (self.BK // 8)
                           or self.BM * (self.BK // 8) % self.threads
                           or self.BN * (self.BK // 8) % self.threads):
-            raise ValueError(f"{self}: GPTR needs whole chunks per thread, one column each")
+            raise ValueError(f"{self}: GPTR and TAPS need whole chunks per thread, one column "
+                             "each")
         if self.smem_bytes() > 227 * 1024:
             raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
         return self
@@ -90,7 +93,8 @@ class MmaConfig:
         vals = dict(BM=self.BM, BN=self.BN, BK=self.BK, WM=self.WM, WN=self.WN,
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
-                    SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, **extra)
+                    SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, TAPS=self.TAPS,
+                    **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -98,8 +102,8 @@ class MmaConfig:
         return (f"{self.BM}x{self.BN}x{self.BK} warp {self.WM}x{self.WN} {load} "
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
-                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE", "EPI_SMEM")
-                          if getattr(self, k)))
+                + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE",
+                                                    "EPI_SMEM", "TAPS") if getattr(self, k)))
 
 
 STEP1 = MmaConfig(STAGES=2, ASYNC=0, SWIZZLE=0)
@@ -244,6 +248,8 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_sm80()
     cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
+    if cfg.TAPS and (C % cfg.BK or R * S > 32):   # a slab would straddle two taps
+        cfg = replace(cfg, TAPS=0)
     return _launch_kernel(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
                    dh=p.dilation[0], dw=p.dilation[1])

@@ -27,11 +27,16 @@
 //                check (ignored with CONV=1, whose gather has its own per-row state)
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
+//   TAPS=1       CONV with C % BK == 0 and R * S <= 32: every slab lies inside one filter
+//                tap (r, s), so the gather is GPTR's loader for the input: per row of A an
+//                offset and a mask of the taps inside the image, computed once; per slab
+//                one tap offset for the whole block. No division or bounds check per chunk
 // and one epilogue switch:
 //   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots; the launcher's
 //                MmaConfig.smem_bytes covers the staged rows), then stored as 16-byte row
 //                chunks (element by element when N is not a multiple of 16 bytes)
-// Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0.
+// Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0,
+// TAPS C % BK == 0 and R * S <= 32.
 
 #ifndef BM
 #define BM 128
@@ -81,7 +86,11 @@
 #ifndef EPI_SMEM
 #define EPI_SMEM 0
 #endif
-#define USE_GPTR (GPTR && !CONV)
+#ifndef TAPS
+#define TAPS 0
+#endif
+#define USE_TAPS (TAPS && CONV)
+#define USE_GPTR ((GPTR && !CONV) || USE_TAPS)
 
 typedef unsigned short u16;  // fp16 / bf16 bits
 
@@ -265,7 +274,9 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
-#if CONV
+#if USE_TAPS
+    // the loader below
+#elif CONV
     ConvRow rows[A_PER];
 #pragma unroll
     for (int j = 0; j < A_PER; ++j) rows[j] = conv_row(pb, bm * BM + (tid + j * NTHREADS) / KCH);
@@ -283,33 +294,76 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     constexpr int RSTEP = NTHREADS / KCH;
     const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
     const int gstep = RSTEP * pb.Kd;
-    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
     const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
-    unsigned amask = 0, bmask = 0;
-#pragma unroll
-    for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
+    unsigned bmask = 0;
 #pragma unroll
     for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
+#if USE_TAPS
+    // row j: the offset in x of its window's corner (tap 0, this thread's channels c8) and
+    // bit r * S + s set where tap (r, s) lies inside the image (no bits: the row is past M);
+    // the slab's tap (r, s) and channels c0: one offset tap_off, the same for every row
+    int aoff[A_PER];
+    unsigned taps[A_PER];
+    const int R = pb.Kd / (pb.S * pb.C);
+#pragma unroll
+    for (int j = 0; j < A_PER; ++j) {
+        const ConvRow cr = conv_row(pb, bm * BM + r0 + j * RSTEP);
+        aoff[j] = cr.base + (cr.h0 * pb.W + cr.w0) * pb.C + c8;
+        unsigned t = 0;
+        for (int r = 0; r < R; ++r)
+            for (int s = 0; s < pb.S; ++s) {
+                const int h = cr.h0 + r * pb.dh, w = cr.w0 + s * pb.dw;
+                t |= (unsigned)(cr.base >= 0 && h >= 0 && h < pb.H && w >= 0 && w < pb.W)
+                     << (r * pb.S + s);
+            }
+        taps[j] = t;
+    }
+    int tap = 0, tap_r = 0, tap_s = 0, tap_c = 0, tap_off = 0;   // of the next slab loaded
+#else
+    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
+    unsigned amask = 0;
+#pragma unroll
+    for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
+#endif
     // shared offsets: rows 16 apart keep the swizzle's XOR (see a_off below)
     const int s0 = smem_off(r0, tid % KCH);
     auto s_at = [&](int j) {
         return RSTEP % 16 == 0 ? s0 + j * RSTEP * LDS : smem_off(r0 + j * RSTEP, tid % KCH);
     };
-    auto load_slab = [&](int slot, int kt) {
+    auto load_slab = [&](int slot, int kt) {   // slabs kt = 0, 1, 2, ... in order
         const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
+#if USE_TAPS
+#pragma unroll
+        for (int j = 0; j < A_PER; ++j) {
+            const bool ok = (taps[j] >> tap) & 1;
+            cp_async16(As + slot * A_STAGE + s_at(j), ok ? A + aoff[j] + tap_off : A, ok);
+        }
+        tap_c += BK;
+        tap_off += BK;
+        if (tap_c == pb.C) {   // the next tap: (r, s + 1) or (r + 1, 0)
+            tap_c = 0;
+            ++tap;
+            if (++tap_s == pb.S) {
+                tap_s = 0;
+                ++tap_r;
+            }
+            tap_off = (tap_r * pb.dh * pb.W + tap_s * pb.dw) * pb.C;
+        }
+#else
 #pragma unroll
         for (int j = 0; j < A_PER; ++j) {
             const bool ok = kin && ((amask >> j) & 1);
             cp_async16(As + slot * A_STAGE + s_at(j),
                        ok ? ag + j * gstep : A, ok);
         }
+        ag += BK;
+#endif
 #pragma unroll
         for (int j = 0; j < B_PER; ++j) {
             const bool ok = kin && ((bmask >> j) & 1);
             cp_async16(Bs + slot * B_STAGE + s_at(j),
                        ok ? bg + j * gstep : B, ok);
         }
-        ag += BK;
         bg += BK;
     };
 #elif ASYNC

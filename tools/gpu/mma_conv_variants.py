@@ -1,0 +1,132 @@
+"""The mma.sync conv's tiles and loaders on the GPU: each variant checked, then timed beside
+cuDNN fp16 NHWC in the same run, on the three ResNet layers (batch 32); a table last, JSON
+in $OUT/mma_conv_variants.json.
+
+    . tools/device_env.sh && OUT=/tmp/out python3 tools/gpu/mma_conv_variants.py
+
+Variants: tiles (mma02's candidates and a few more) x {the chunk-by-chunk gather, TAPS
+(one tap per slab), TAPS + FRAG_PIPE}, fp32 output, and the fastest of them with fp16
+output (what cuDNN writes). Each output is checked against float64 of the rounded inputs
+at the fp32 (fp16) tolerance, twice (same bits), before it is timed by CUDA events
+(`measure.tensor_cores`' checks and timings). ROUNDS=n times the list n times (medians).
+Variants not started within BUDGET_S seconds (default 240) are rows marked skipped.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import convlab
+
+convlab.setup("gpu")
+from convlab import problems  # noqa: E402
+from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
+from convlab.measure import tensor_cores as TC  # noqa: E402
+from convlab.measure.clock import GpuClock  # noqa: E402
+from convlab.measure.harness import Context  # noqa: E402
+from convlab.measure.lessons12_13 import rtol_for  # noqa: E402
+
+S3 = MM.STEP3
+TILES = {"64x128x64 w32x64 s3": replace(S3, BM=64, WM=32, BK=64, STAGES=3),
+         "64x64x64 w32x32 s4": replace(S3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4),
+         "128x64x64 w64x32 s3": replace(S3, BN=64, WN=32, BK=64, STAGES=3),
+         "128x64x64 w64x32 s4": replace(S3, BN=64, WN=32, BK=64, STAGES=4),
+         "128x128x64 w64x64 s3": replace(S3, BK=64, STAGES=3),
+         "128x128x64 w64x32 s3": replace(S3, WN=32, BK=64, STAGES=3),
+         "128x128x32 w64x64 s4": S3,
+         "128x256x64 w64x64 s3": replace(S3, BN=256, BK=64, STAGES=3)}
+LOADERS = {"gather": {}, "taps": dict(TAPS=1), "taps+frag": dict(TAPS=1, FRAG_PIPE=1)}
+BUDGET_S = float(os.environ.get("BUDGET_S", 240))
+ROUNDS = int(os.environ.get("ROUNDS", 2))
+
+
+def run_layer(ctx, lname):
+    import torch
+
+    prob = problems.conv_layer(lname)
+    kw = prob.kwargs
+    N, K, P, Q = prob.out_shape
+    x, w, x_nhwc, w_krsc, exp, absref = TC._conv_inputs(prob, torch, torch.float16)
+    crs = prob.C * prob.R * prob.S
+    outs = {False: torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32),
+            True: torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)}
+    tols = {False: rtol_for("fp32", crs), True: rtol_for("fp16", crs)}
+    specs = [(f"{t} {ld}", replace(base, **lkw), False)
+             for t, base in TILES.items() for ld, lkw in LOADERS.items()]
+    rows, times = [], {}
+    import torch.nn.functional as F
+
+    x_cl = x.contiguous(memory_format=torch.channels_last)
+    w_cl = w.contiguous(memory_format=torch.channels_last)
+    torch.backends.cudnn.benchmark = True
+    cudnn = lambda: F.conv2d(x_cl, w_cl, **kw)  # noqa: E731
+
+    def one(name, cfg, half):
+        out = outs[half]
+        run = lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out, cfg=cfg, **kw)  # noqa: E731
+        return dict(config=str(cfg), fp16_out=half, **TC._check_then_time(
+            ctx, name, run, out, exp, absref, tols[half], prob.flops, queued=True))
+
+    for rnd in range(ROUNDS):
+        TC._try(rows, "cuDNN fp16 NHWC", lambda: TC._library_row(
+            ctx, "cuDNN fp16 NHWC", cudnn, prob.flops, "fp16", queued=True))
+        times.setdefault("cuDNN fp16 NHWC", []).append(rows[-1].get("ms"))
+        todo = list(specs)
+        if rnd == ROUNDS - 1:   # the fastest fp32-output variant, with fp16 output
+            best = min((n for n in times if n != "cuDNN fp16 NHWC" and all(times[n])),
+                       key=lambda n: statistics.median(times[n]), default=None)
+            if best:
+                cfg = next(c for n, c, _ in specs if n == best)
+                todo.append((best + " f16out", cfg, True))
+        for name, cfg, half in todo:
+            if ctx.elapsed() > BUDGET_S:
+                rows.append(dict(name=name, error="skipped (time budget)"))
+                times.setdefault(name, []).append(None)
+                continue
+            TC._try(rows, name, lambda name=name, cfg=cfg, half=half: one(name, cfg, half))
+            times.setdefault(name, []).append(rows[-1].get("ms"))
+    med = {n: statistics.median(t) for n, t in times.items() if t and all(t)}
+    base = med.get("cuDNN fp16 NHWC")
+    summary = {n: dict(ms=m, tflops=prob.flops / m / 1e9,
+                       pct_cuDNN_fp16_NHWC=100 * base / m if base else None)
+               for n, m in med.items()}
+    algo = next((r.get("algorithm") for r in rows if r["name"] == "cuDNN fp16 NHWC"), "?")
+    return dict(layer=lname, problem=str(prob), rows=rows, medians=summary, cudnn_algorithm=algo,
+                chosen=str(MM.choose_conv(K, N * P * Q)))
+
+
+def table(results) -> str:
+    names = list(dict.fromkeys(n for r in results for n in r["medians"]))
+    lines = [f"{'variant (median of rounds: % of cuDNN fp16 NHWC)':44}"
+             + "".join(f"{r['layer']:>14}" for r in results) + f"{'geomean':>10}"]
+    for n in names:
+        pcts = [r["medians"].get(n, {}).get("pct_cuDNN_fp16_NHWC") for r in results]
+        cells = [f"{p:13.1f}%" if p else f"{'x':>14}" for p in pcts]
+        gm = (statistics.geometric_mean(pcts) if all(pcts) else None)
+        lines.append(f"{n:44}" + "".join(cells) + (f"{gm:9.1f}%" if gm else f"{'':>10}"))
+    lib = [(r["layer"], r["medians"].get("cuDNN fp16 NHWC", {}).get("tflops", 0),
+            r["cudnn_algorithm"]) for r in results]
+    lines.append("cuDNN: " + ", ".join(f"{n} {t:.0f} TFLOP/s ({a})" for n, t, a in lib))
+    lines.append("chosen: " + ", ".join(f"{r['layer']} {r['chosen']}" for r in results))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    MM.require_sm80()
+    ctx = Context(clock=GpuClock())
+    t0 = time.time()
+    results = [run_layer(ctx, lname) for lname in problems.RESNET]
+    data = dict(seconds=round(time.time() - t0, 1), rounds=ROUNDS, results=results)
+    out_dir = os.environ.get("OUT", ".")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "mma_conv_variants.json"), "w") as f:
+        json.dump(data, f, indent=1, default=str)
+    print(f"\n{data['seconds']} s\n" + table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
