@@ -465,3 +465,40 @@ def test_every_gemm_configuration_on_the_gpu(shape):
         if not err < E.tolerance(s):
             bad.append(f"{s.cfg} f16out={s.out_f16}: max rel err {err:.1e}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [((3, 64, 13, 11), (72, 64, 3, 3), 1, 1, 1),
+                                  ((2, 128, 9, 10), (136, 128, 3, 3), 2, 1, 1)], ids=str)
+def test_every_conv_configuration_on_the_gpu(case):
+    """The compiled conv kernels: every candidate tile with the chunk-by-chunk gather, with
+    TAPS and with TAPS + FRAG_PIPE, fp32 and fp16 output, outputs poisoned with NaN,
+    against float64 of the fp16 inputs (odd pixels and filters: partial tiles)."""
+    from convlab import reference as ref
+    from convlab.runtime import is_simulator
+
+    if is_simulator():
+        pytest.skip("needs a real CUDA GPU (this run uses the simulator)")
+    import cupy as cp
+
+    xs, ws, stride, padding, dilation = case
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal(xs).astype(np.float16)
+    w = rng.standard_normal(ws).astype(np.float16)
+    kw = dict(stride=stride, padding=padding, dilation=dilation)
+    X, W = x.astype(np.float64), w.astype(np.float64)
+    exp = ref.conv2d(X, W, **kw).transpose(0, 2, 3, 1)
+    absref = ref.conv2d(np.abs(X), np.abs(W), **kw).transpose(0, 2, 3, 1)
+    xd = cp.asarray(x.transpose(0, 2, 3, 1).copy())
+    wd = cp.asarray(w.transpose(0, 2, 3, 1).copy())
+    bad = []
+    for base in _unique(M2.CONV_CANDIDATES):
+        for cfg in (replace(base, TAPS=0, FRAG_PIPE=0), replace(base, TAPS=1),
+                    replace(base, TAPS=1, FRAG_PIPE=1)):
+            for f16 in (False, True):
+                out = cp.full(exp.shape, np.nan, cp.float16 if f16 else cp.float32)
+                M2.conv2d_mma_nhwc(xd, wd, out, cfg=cfg, **kw)
+                err = E.rel_err(cp.asnumpy(out).astype(np.float64), exp, absref)
+                if not err < E.tolerance(Spec(cfg, conv=True, out_f16=f16)):
+                    bad.append(f"{cfg} f16out={f16}: max rel err {err:.1e}")
+    assert not bad, "\n".join(bad)
