@@ -74,6 +74,7 @@ EPIS = (EPI, EPI_REGS, EPI_FP)
 TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
 TAPS64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2, TAPS=1)
 TAPS_EPI = Cfg(32, 64, 64, 32, 32, STAGES=3, EPI_SMEM=1, TAPS=1)
+TAPS48 = Cfg(48, 32, 32, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1)  # MI = 3
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
@@ -106,9 +107,9 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
-              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI)]
+              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
-              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI)])
+              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48)])
 
 
 REAL = GEMM_SPECS + CONV_SPECS

@@ -6,10 +6,12 @@ in $OUT/mma_conv_variants.json.
 
 Variants: tiles (mma02's candidates and a few more) x {the chunk-by-chunk gather, TAPS
 (one tap per slab), TAPS + FRAG_PIPE}, fp32 output, and the fastest of them with fp16
-output (what cuDNN writes). Each output is checked against float64 of the rounded inputs
-at the fp32 (fp16) tolerance, twice (same bits), before it is timed by CUDA events
-(`measure.tensor_cores`' checks and timings). ROUNDS=n times the list n times (medians).
-Variants not started within BUDGET_S seconds (default 240) are rows marked skipped.
+output (what cuDNN writes). TILESET=2: TAPS + FRAG_PIPE on more tiles, fp32 output, fp16
+output stored directly and staged in shared memory (EPI_SMEM). Each output is checked
+against float64 of the rounded inputs at the fp32 (fp16) tolerance, twice (same bits),
+before it is timed by CUDA events (`measure.tensor_cores`' checks and timings).
+ROUNDS=n times the list n times (medians). Variants not started within BUDGET_S seconds
+(default 240) are rows marked skipped.
 """
 
 import json
@@ -38,7 +40,37 @@ TILES = {"64x128x64 w32x64 s3": replace(S3, BM=64, WM=32, BK=64, STAGES=3),
          "128x128x64 w64x32 s3": replace(S3, WN=32, BK=64, STAGES=3),
          "128x128x32 w64x64 s4": S3,
          "128x256x64 w64x64 s3": replace(S3, BN=256, BK=64, STAGES=3)}
-LOADERS = {"gather": {}, "taps": dict(TAPS=1), "taps+frag": dict(TAPS=1, FRAG_PIPE=1)}
+# loader x output: (config switches, fp16 output)
+VARIANTS = {"gather": ({}, False), "taps": (dict(TAPS=1), False),
+            "taps+frag": (dict(TAPS=1, FRAG_PIPE=1), False)}
+if os.environ.get("TILESET") == "2":   # TAPS + FRAG_PIPE everywhere; more tiles; outputs
+    TILES = {k: TILES[k] for k in ("64x128x64 w32x64 s3", "64x64x64 w32x32 s4",
+                                   "128x64x64 w64x32 s3", "128x128x64 w64x32 s3",
+                                   "128x128x32 w64x64 s4")}
+    TILES.update({"64x64x64 w32x32 s3": replace(S3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=3),
+                  "64x128x32 w32x64 s4": replace(S3, BM=64, WM=32, STAGES=4),
+                  "128x64x32 w64x32 s4": replace(S3, BN=64, WN=32, STAGES=4),
+                  "128x64x32 w64x32 s6": replace(S3, BN=64, WN=32, STAGES=6),
+                  "256x64x32 w64x64 s4": replace(S3, BM=256, BN=64, STAGES=4),
+                  "256x64x64 w64x64 s3": replace(S3, BM=256, BN=64, BK=64, STAGES=3),
+                  "256x128x32 w64x64 s4": replace(S3, BM=256, STAGES=4)})
+    VARIANTS = {"taps+frag": (dict(TAPS=1, FRAG_PIPE=1), False),
+                "taps+frag f16": (dict(TAPS=1, FRAG_PIPE=1), True),
+                "taps+frag+epi f16": (dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1), True)}
+if os.environ.get("TILESET") == "3":   # block heights of 96 and 48: whole waves of blocks
+    TILES = {"128x64x32 w64x32 s4": replace(S3, BN=64, WN=32, STAGES=4),
+             "64x128x64 w32x64 s3": replace(S3, BM=64, WM=32, BK=64, STAGES=3),
+             "128x128x64 w64x32 s3": replace(S3, WN=32, BK=64, STAGES=3),
+             "96x128x64 w48x64 s3": replace(S3, BM=96, WM=48, BK=64, STAGES=3),
+             "96x128x64 w48x32 s3": replace(S3, BM=96, WM=48, WN=32, BK=64, STAGES=3),
+             "96x128x32 w48x64 s4": replace(S3, BM=96, WM=48, STAGES=4),
+             "96x64x64 w48x32 s3": replace(S3, BM=96, BN=64, WM=48, WN=32, BK=64, STAGES=3),
+             "96x64x32 w48x32 s4": replace(S3, BM=96, BN=64, WM=48, WN=32, STAGES=4),
+             "48x256x64 w48x64 s3": replace(S3, BM=48, BN=256, WM=48, BK=64, STAGES=3),
+             "64x64x64 w64x32 s4": replace(S3, BM=64, BN=64, WM=64, WN=32, BK=64, STAGES=4),
+             "64x64x64 w32x64 s4": replace(S3, BM=64, BN=64, WM=32, WN=64, BK=64, STAGES=4)}
+    VARIANTS = {"taps+frag f16": (dict(TAPS=1, FRAG_PIPE=1), True),
+                "taps+frag+epi f16": (dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1), True)}
 BUDGET_S = float(os.environ.get("BUDGET_S", 240))
 ROUNDS = int(os.environ.get("ROUNDS", 2))
 
@@ -54,8 +86,8 @@ def run_layer(ctx, lname):
     outs = {False: torch.empty(N, P, Q, K, device="cuda", dtype=torch.float32),
             True: torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)}
     tols = {False: rtol_for("fp32", crs), True: rtol_for("fp16", crs)}
-    specs = [(f"{t} {ld}", replace(base, **lkw), False)
-             for t, base in TILES.items() for ld, lkw in LOADERS.items()]
+    specs = [(f"{t} {v}", replace(base, **vkw), half)
+             for t, base in TILES.items() for v, (vkw, half) in VARIANTS.items()]
     rows, times = [], {}
     import torch.nn.functional as F
 
@@ -75,7 +107,7 @@ def run_layer(ctx, lname):
             ctx, "cuDNN fp16 NHWC", cudnn, prob.flops, "fp16", queued=True))
         times.setdefault("cuDNN fp16 NHWC", []).append(rows[-1].get("ms"))
         todo = list(specs)
-        if rnd == ROUNDS - 1:   # the fastest fp32-output variant, with fp16 output
+        if rnd == ROUNDS - 1 and not any(h for *_, h in specs):   # the fastest, fp16 out
             best = min((n for n in times if n != "cuDNN fp16 NHWC" and all(times[n])),
                        key=lambda n: statistics.median(times[n]), default=None)
             if best:
