@@ -258,6 +258,26 @@ def test_rasterization_covers_every_tile_once():
     assert sorted(E.tiles_covered(bad, 3, 5, 2)) != [(m, n) for m in range(5) for n in range(3)]
 
 
+
+def test_choose_conv_fills_the_waves():
+    """The conv tile: 64 filters wide up to K = 64, else 128; the tallest block whose
+    blocks fill the SMs' waves within 2% of the best (ResNet's 256-filter 14 x 14 layer at
+    batch 32: 96 rows, 132 blocks on 132 SMs, where 128 rows leave a quarter idle)."""
+    assert M2.wave_fill(132, 132) == 1.0 and M2.wave_fill(98, 132) == 98 / 132
+    assert M2.wave_fill(133, 132) == 133 / 264
+    cases = [(64, 32 * 56 * 56, 132), (128, 32 * 28 * 28, 132), (256, 32 * 14 * 14, 132),
+             (512, 32 * 7 * 7, 132), (93, 7 * 33 * 41, 132), (256, 6272, 108), (64, 3136, 80)]
+    picked = {}
+    for K, M, sms in cases:
+        cfg = M2.choose_conv(K, M, sms)
+        assert cfg.BN == (64 if K <= 64 else 128) and cfg.TAPS and cfg.EPI_SMEM, cfg
+        fills = {bm: M2.wave_fill(-(-M // bm) * -(-K // bn), sms)
+                 for (bm, bn) in M2.CONV_TILES if bn == cfg.BN}
+        assert fills[cfg.BM] >= max(fills.values()) - 0.02, (K, M, sms, cfg)
+        assert all(bm <= cfg.BM or f < max(fills.values()) - 0.02 for bm, f in fills.items())
+        picked[K, M, sms] = cfg.BM
+    assert picked[256, 6272, 132] == 96 and picked[64, 32 * 56 * 56, 132] == 128
+
 # one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
 CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)
 TAPS4, TAPS8 = Spec(TAPS32, conv=True), Spec(TAPS64, conv=True)

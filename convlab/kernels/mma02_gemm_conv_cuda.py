@@ -119,10 +119,21 @@ GEMM_CANDIDATES = (STEP3, replace(STEP3, STAGES=3), replace(STEP3, STAGES=5),
                    replace(STEP3, GROUP_M=16), GEMM_TOP)
 # fp16 output (what cuBLAS writes): direct 4-byte stores, then staged in shared memory
 GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1))
-CONV_CANDIDATES = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
-                   replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4),
-                   replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=64, WN=32, BK=64, STAGES=3),
-                   STEP3, replace(STEP3, BM=256, BN=128))
+# The conv: its loader and epilogue (one tap per slab, fragment double buffering, 16-byte
+# stores staged in shared memory), then the tiles `choose_conv` picks from, (BM, BN) ->
+# config; block heights of 96 fill whole waves where 128 leaves SMs idle.
+CONV_SWITCHES = dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1)
+CONV_TILES = {
+    (128, 64): replace(STEP3, BN=64, WN=32, STAGES=4, **CONV_SWITCHES),
+    (96, 64): replace(STEP3, BM=96, BN=64, WM=48, WN=32, STAGES=4, **CONV_SWITCHES),
+    (128, 128): replace(STEP3, STAGES=4, **CONV_SWITCHES),
+    (96, 128): replace(STEP3, BM=96, WM=48, STAGES=4, **CONV_SWITCHES),
+    (64, 128): replace(STEP3, BM=64, WM=32, BK=64, STAGES=3, **CONV_SWITCHES),
+}
+# the earlier conv tiles: the chunk-by-chunk gather, direct stores (lesson 12's steps)
+CONV_GATHER = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
+               replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4))
+CONV_CANDIDATES = tuple(CONV_TILES.values()) + CONV_GATHER
 
 
 def source() -> str:
@@ -255,17 +266,23 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
                    dh=p.dilation[0], dw=p.dilation[1])
 
 
-CONV_WIDE = replace(STEP3, BM=64, WM=32, BK=64, STAGES=3)              # 64 x 128
-CONV_NARROW = replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4)  # 64 x 64
+def wave_fill(blocks: int, slots: int) -> float:
+    """Busy share of the SMs over the run: `blocks` in waves of `slots` (SMs x blocks per
+    SM); 1.0 when the last wave is full."""
+    return blocks / (ceil_div(blocks, slots) * slots)
 
 
 def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
-    """The conv tile for M output pixels x K filters: 64 x 128 when K is a multiple of 128
-    and that still gives 2.5 waves of blocks on `sms` SMs, else 64 x 64 (more blocks: the
-    late ResNet layers have few pixels)."""
-    if K % 128 == 0 and (M is None or ceil_div(M, 64) * (K // 128) >= 2.5 * sms):
-        return CONV_WIDE
-    return CONV_NARROW
+    """The conv tile for M output pixels x K filters, without timing: 64 filters wide when
+    K <= 64, else 128; then the tallest block (128, 96, 64 rows) whose blocks fill the waves
+    on `sms` SMs within 2% of the best fill (counted at one block per SM)."""
+    bn = 64 if K <= 64 else 128
+    tiles = [(bm, cfg) for (bm, b), cfg in CONV_TILES.items() if b == bn]
+    if M is None:
+        return tiles[0][1]
+    fill = {bm: wave_fill(ceil_div(M, bm) * ceil_div(K, bn), sms) for bm, _ in tiles}
+    best = max(fill.values())
+    return next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
 
 
 def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -247,7 +248,18 @@ def _mma_conv_layer(ctx, lname):
         MM.CONV_CANDIDATES)
     out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)
     crs = prob.C * prob.R * prob.S
-    _try(rows, "fp16 out", lambda: dict(fp16_out=True, **_check_then_time(
+    # the chosen tile without the conv's switches, then with one more each (fp16 out)
+    steps = [("gather", dict(TAPS=0, FRAG_PIPE=0, EPI_SMEM=0)), ("+ taps", dict(FRAG_PIPE=0,
+             EPI_SMEM=0)), ("+ frag pipe", dict(EPI_SMEM=0))]
+    for step, off in steps:
+        cfg = replace(chosen, **off)
+        _try(rows, step, lambda cfg=cfg, step=step: dict(fp16_out=True, conv_step=step,
+             **_check_then_time(ctx, f"mma.sync conv (fp16 out) {cfg}",
+                                lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, cfg=cfg, **kw),
+                                out16, exp, absref, rtol_for("fp16", crs), prob.flops,
+                                queued=True)))
+    _try(rows, "fp16 out", lambda: dict(fp16_out=True, conv_step="+ staged epilogue",
+                                        **_check_then_time(
         ctx, "mma.sync conv (fp16 out)", lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, **kw),
         out16, exp, absref, rtol_for("fp16", crs), prob.flops, queued=True)))
     x32, w32 = cp.asarray(xh.float()), cp.asarray(wh.float())
