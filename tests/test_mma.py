@@ -75,11 +75,6 @@ TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
 TAPS64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2, TAPS=1)
 TAPS_EPI = Cfg(32, 64, 64, 32, 32, STAGES=3, EPI_SMEM=1, TAPS=1)
 TAPS48 = Cfg(48, 32, 32, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1)  # MI = 3
-# Kd split between blocks: splits that start inside a tap (C = 2 BK) and at the K tail
-SPLIT2 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1, SPLIT_K=2)
-SPLIT4 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1, SPLIT_K=4)
-GP_SPLIT3 = Cfg(32, 32, 32, 16, 16, STAGES=4, GPTR=1, SPLIT_K=3)
-SPLITS = (SPLIT2, SPLIT4, GP_SPLIT3)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
@@ -109,15 +104,12 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
               + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
               + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
-              + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)]
-              + [Spec(GP_SPLIT3), Spec(GP_SPLIT3, out_f16=True)])
+              + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
               + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
-              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48)]
-              + [Spec(SPLIT2, conv=True), Spec(SPLIT4, conv=True),
-                 Spec(SPLIT4, conv=True, out_f16=True)])
+              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48)])
 
 
 REAL = GEMM_SPECS + CONV_SPECS
@@ -155,7 +147,7 @@ def test_gemm_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if s.conv:
             continue
-        shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED + SPLITS else
+        shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED else
                   (GEMM_SHAPE, LONG_SHAPE, VEC_SHAPE) if s.cfg in EPIS else (GEMM_SHAPE,))
         for shape, late in itertools.product(shapes, (False, True)):
             err = E.gemm_case(emu, i, *shape, rng, late)
@@ -205,7 +197,6 @@ def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
         if name.startswith("require_"):
             monkeypatch.setattr(M2, name, lambda: 90)
     monkeypatch.setattr(M2, "_ptr", lambda a: a.ctypes.data)
-    monkeypatch.setattr(M2, "split_buffers", emu.split_buffers)
     rng = np.random.default_rng(14)
     M, N, K = GEMM_SHAPE
     a = rng.standard_normal((M, K)).astype(np.float16)
@@ -230,21 +221,18 @@ def test_launchers_drive_the_emulated_kernel(emu, monkeypatch):
     assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
     assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
 
-    # TAPS (and a split Kd) where C % BK == 0, both dropped where a slab would straddle
-    # two taps; twice each: the split's tickets are reused
-    for C, taps, cfg in ((32, 1, TAPS32), (16, 0, TAPS32), (64, 1, SPLIT2), (64, 1, SPLIT2),
-                         (16, 0, SPLIT2)):
+    # TAPS where C % BK == 0, and dropped where a slab would straddle two taps
+    for C, taps in ((32, 1), (16, 0)):
         x = rng.standard_normal((2, 5, 6, C)).astype(np.float16)
         w = rng.standard_normal((12, 3, 3, C)).astype(np.float16)
         buf, y = _guarded((2, 5, 6, 12), 12)
         operands[:] = [x, w]
-        M2.conv2d_mma_nhwc(x, w, y, padding=1, cfg=cfg)
-        assert asked[-1] == (cfg if taps else replace(cfg, TAPS=0, SPLIT_K=1))
+        M2.conv2d_mma_nhwc(x, w, y, padding=1, cfg=TAPS32)
+        assert asked[-1] == replace(TAPS32, TAPS=taps)
         X, W = (v.astype(np.float64).transpose(0, 3, 1, 2) for v in (x, w))
         exp, absr = ref.conv2d(X, W, padding=1), ref.conv2d(np.abs(X), np.abs(W), padding=1)
         assert emu.errors == 0 and np.isnan(buf[y.size:]).all()
         assert E.rel_err(y.transpose(0, 3, 1, 2), exp, absr) < 1e-5
-    assert emu.split_faults() == 0
 
 
 @needs_gxx
@@ -290,24 +278,9 @@ def test_choose_conv_fills_the_waves():
         picked[K, M, sms] = cfg.BM
     assert picked[256, 6272, 132] == 96 and picked[64, 32 * 56 * 56, 132] == 128
 
-
-def test_choose_conv_splits_a_single_wave():
-    """Kd split in two where the tiles are one wave of one block per SM and each half keeps
-    SPLIT_MIN_SLABS slabs: ResNet's 256-filter 14 x 14 layer (132 tiles of 96 rows, 72
-    slabs of 32), not its 128-filter 28 x 28 layer (262 tiles)."""
-    assert M2.choose_conv(256, 6272, 132, 9 * 256).SPLIT_K == 2
-    assert M2.choose_conv(256, 6272, 132).SPLIT_K == 1            # Kd unknown
-    assert M2.choose_conv(128, 32 * 28 * 28, 132, 9 * 128).SPLIT_K == 1
-    assert M2.choose_conv(64, 32 * 56 * 56, 132, 9 * 64).SPLIT_K == 1
-    short = 2 * M2.SPLIT_MIN_SLABS * 32
-    assert M2.choose_conv(256, 6272, 132, short).SPLIT_K == 2
-    assert M2.choose_conv(256, 6272, 132, short - 32).SPLIT_K == 1
-    assert M2.choose_conv(256, 6272, 90, 9 * 256).SPLIT_K == 1    # 132 tiles of 96 > 90 SMs
-
 # one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
 CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)
 TAPS4, TAPS8 = Spec(TAPS32, conv=True), Spec(TAPS64, conv=True)
-SPLIT_C, SPLIT_G = Spec(SPLIT4, conv=True), Spec(GP_SPLIT3)
 MUTANTS = {
     "b0 and b1 swapped": ("bf[j / 2][(j & 1) * 2], bf[j / 2][(j & 1) * 2 + 1]",
                           "bf[j / 2][(j & 1) * 2 + 1], bf[j / 2][(j & 1) * 2]", Spec(SWZ4), None),
@@ -385,28 +358,9 @@ MUTANTS = {
         "                __syncthreads();", Spec(FP32), None),
     "per-thread pointers not advanced": ("ag += BK;", "", Spec(GP64), None),
     "per-thread pointers: Kd tail not checked": (
-        "const bool kin = c8 < pb.Kd - (kt0 + kt) * BK;", "const bool kin = true;", Spec(GP32),
-        None),
+        "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
     "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
                                               "const bool ok = kin;", Spec(GP64), None),
-    "split K: taps start at slab 0": ("int tap = kt0 * BK / pb.C, tap_c = kt0 * BK - tap * pb.C;",
-                                      "int tap = 0, tap_c = 0;", SPLIT_C, 3),
-    "split K: B not started at slab kt0": ("* pb.Kd + c8 + kt0 * BK;\n    unsigned bmask",
-                                           "* pb.Kd + c8;\n    unsigned bmask", SPLIT_C, 4),
-    "split K: A not started at slab kt0": ("* pb.Kd + c8 + kt0 * BK;\n    unsigned amask",
-                                           "* pb.Kd + c8;\n    unsigned amask", SPLIT_G, None),
-    "split K: Kd tail checked from slab 0": ("c8 < pb.Kd - (kt0 + kt) * BK", "c8 < pb.Kd - kt * BK",
-                                             SPLIT_G, None),
-    "split K: the partial sums before not added": ("if (t > 0) {", "if (t > SPLIT_K) {",
-                                                   SPLIT_C, 3),
-    "split K: one tile's sums where the next tile's go": (
-        "(long long)(bm * nbn + bn) * MI * NI", "(long long)(bm + bn) * MI * NI",
-        Spec(SPLIT2, conv=True), 3),
-    "split K: the turn not passed on": ("atomicExch(tk + 1, t + 1)", "atomicExch(tk + 1, t)",
-                                        SPLIT_C, 4),
-    "split K: tickets not reset": ("tk[0] = 0;", "tk[0] = tk[0];", SPLIT_C, 4),
-    "split K: a block's share of the slabs rounded wrong": (
-        "(int)((blockIdx.z + 1) * KT_ALL / SPLIT_K) - kt0", "KT_ALL / SPLIT_K", SPLIT_G, None),
 }
 
 
@@ -421,7 +375,7 @@ def test_emulator_catches_planted_bugs(emu):
         assert spec.conv == (case is not None), name
         i = len(REAL) + k
         if case is None:
-            shape = LONG_SHAPE if spec.cfg in SCHED + EPIS + SPLITS else GEMM_SHAPE
+            shape = LONG_SHAPE if spec.cfg in SCHED + EPIS else GEMM_SHAPE
             err = E.gemm_case(emu, i, *shape, rng, late=True)
         else:
             err = E.conv_case(emu, i, *CONV_CASES[case], rng, late=True)
@@ -502,14 +456,6 @@ def test_scheduling_switches_compile_to_ptx():
     taps = replace(tiles[1], FRAG_PIPE=1, TAPS=1)   # the conv's loader, sm_80 and sm_90
     for arch in ("compute_80", "compute_90"):
         _check_ptx(M2.compile_ptx(taps, arch, conv=True), taps)
-    for cfg, conv in ((replace(taps, SPLIT_K=2), True), (replace(M2.GEMM_TOP, SPLIT_K=3), False)):
-        ptx = M2.compile_ptx(cfg, "compute_90", conv=conv)
-        _check_ptx(ptx, cfg)
-        for instr in ("atom.global.add.u32", "atom.global.exch.b32", "membar.gl",
-                      "ld.global.cg.v4.f32", "st.global.cg.v4.f32", "%ctaid.z"):
-            assert instr in ptx, (cfg, instr)
-    with pytest.raises(ValueError, match="SPLIT_K > 1 needs"):
-        replace(M2.STEP3, SPLIT_K=2).validate()
 
 
 @pytest.mark.gpu
@@ -531,9 +477,7 @@ def test_every_gemm_configuration_on_the_gpu(shape):
     A, B = cp.asnumpy(a).astype(np.float64), cp.asnumpy(bt).astype(np.float64)
     exp, absref = A @ B.T, np.abs(A) @ np.abs(B).T
     specs = ([Spec(c) for c in (*M2.LADDER.values(), *M2.GEMM_CANDIDATES)]
-             + [Spec(c, out_f16=True) for c in M2.GEMM_FP16_OUT]
-             + [Spec(replace(M2.GEMM_TOP, SPLIT_K=n), out_f16=f16) for n in (2, 3)
-                for f16 in (False, True)])
+             + [Spec(c, out_f16=True) for c in M2.GEMM_FP16_OUT])
     bad = []
     for s in specs:
         out = cp.full((M, N), np.nan, cp.float16 if s.out_f16 else cp.float32)
@@ -549,8 +493,7 @@ def test_every_gemm_configuration_on_the_gpu(shape):
                                   ((2, 128, 9, 10), (136, 128, 3, 3), 2, 1, 1)], ids=str)
 def test_every_conv_configuration_on_the_gpu(case):
     """The compiled conv kernels: every candidate tile with the chunk-by-chunk gather, with
-    TAPS, with TAPS + FRAG_PIPE, and split 2 and 3 ways, fp32 and fp16 output, twice (the
-    split's tickets reused), outputs poisoned with NaN,
+    TAPS and with TAPS + FRAG_PIPE, fp32 and fp16 output, outputs poisoned with NaN,
     against float64 of the fp16 inputs (odd pixels and filters: partial tiles)."""
     from convlab import reference as ref
     from convlab.runtime import is_simulator
@@ -571,13 +514,12 @@ def test_every_conv_configuration_on_the_gpu(case):
     wd = cp.asarray(w.transpose(0, 2, 3, 1).copy())
     bad = []
     for base in _unique(M2.CONV_CANDIDATES):
-        for cfg in (replace(base, TAPS=0, FRAG_PIPE=0, SPLIT_K=1), replace(base, TAPS=1),
-                    replace(base, TAPS=1, FRAG_PIPE=1), replace(base, TAPS=1, SPLIT_K=2),
-                    replace(base, TAPS=1, FRAG_PIPE=1, SPLIT_K=3)):
-            for f16, again in itertools.product((False, True), (False, True)):
+        for cfg in (replace(base, TAPS=0, FRAG_PIPE=0), replace(base, TAPS=1),
+                    replace(base, TAPS=1, FRAG_PIPE=1)):
+            for f16 in (False, True):
                 out = cp.full(exp.shape, np.nan, cp.float16 if f16 else cp.float32)
                 M2.conv2d_mma_nhwc(xd, wd, out, cfg=cfg, **kw)
                 err = E.rel_err(cp.asnumpy(out).astype(np.float64), exp, absref)
                 if not err < E.tolerance(Spec(cfg, conv=True, out_f16=f16)):
-                    bad.append(f"{cfg} f16out={f16} again={again}: max rel err {err:.1e}")
+                    bad.append(f"{cfg} f16out={f16}: max rel err {err:.1e}")
     assert not bad, "\n".join(bad)

@@ -81,15 +81,6 @@ struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
-struct float4 { float x, y, z, w; };
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-// global memory seen by one block at a time (blocks run one after the other)
-template <class T> inline T __ldcg(const T* p) { return *p; }
-template <class T> inline void __stcg(T* p, T v) { *p = v; }
-inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
-inline int atomicExch(int* p, int v) { const int old = *p; *p = v; return old; }
-inline void __threadfence() {}
-#define __shared__ static
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -306,16 +297,15 @@ void entry() { body(body_ctx); cur->done = true; }
 // running until it waits at a barrier; passes alternate forward and backward. A pass in
 // which no thread moves is a deadlock (a barrier some threads never reach): a fault.
 template <typename F>
-int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem_bytes_,
-             const long long* bnd, int late_, F fn) {
+int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const long long* bnd,
+             int late_, F fn) {
     errors = 0; conflicts = 0; late = late_;
     body = [](void* f) { (*(F*)f)(); };
     body_ctx = &fn;
     for (int i = 0; i < 4; ++i) bounds[i] = (uintptr_t)bnd[i];
-    grid = {gx, gy, gz};
+    grid = {gx, gy, 1};
     const size_t guard = 512, words = smem_bytes_ / 2, stack = 256 * 1024;
     std::vector<u16> buf(words + 2 * guard + 2048);
-    for (unsigned bz = 0; bz < gz; ++bz)
     for (unsigned by = 0; by < gy; ++by) for (unsigned bx = 0; bx < gx; ++bx) {
         window = ((uintptr_t)buf.data() + 2 * guard + 1023) & ~(uintptr_t)1023;
         u16* base = (u16*)(window + smem_shift) - guard;
@@ -323,7 +313,7 @@ int run_grid(unsigned gx, unsigned gy, unsigned gz, unsigned nt, size_t smem_byt
         smem = base + guard; smem_bytes = smem_bytes_;
         if (on_block) on_block();
         units.assign(smem_bytes_ / 16, Unit{});
-        block = {bx, by, bz};
+        block = {bx, by, 0};
         block_bar = Bar{(int)nt};
         warps.assign(nt / 32, Warp{});
         for (auto& w : warps) w.bar.count = 32;
@@ -385,9 +375,6 @@ HELPERS = {
                   ': "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), '
                   '"r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)'],
                  "emu::mma16816(c, a, b0, b1, BF16);"),
-    # split K: the blocks run one after the other, so the turn must already have come
-    "wait_turn": (["while (*(volatile const int*)turn != want)", "__threadfence();"],
-                  "if (*turn != want) ++emu::errors;"),
 }
 _CVT = re.compile(r'asm\("cvt\.rn\.f16x2\.f32 %0, %1, %2;\\n"\s*:\s*"=r"\((\w+)\)\s*:\s*'
                   r'"f"\((\w+)\),\s*"f"\((\w+)\)\);')
@@ -474,7 +461,7 @@ class Spec:
                                            BF16=self.bf16)
 
 
-def kernel_scalars(source: str, kernel: str = "mma_sync_kernel", pointers: int = 5) -> tuple:
+def kernel_scalars(source: str, kernel: str = "mma_sync_kernel", pointers: int = 3) -> tuple:
     """Names of a kernel's int parameters, in order (after its `pointers` pointers)."""
     m = re.search(rf"{kernel}\(([^)]*)\)", source)
     params = [p.split() for p in m.group(1).split(",")]
@@ -499,12 +486,10 @@ def library_source(specs, sources) -> str:
                   "constexpr int emu_threads = NTHREADS;", "}"]
         parts += [f"#undef {m}" for m in sorted(undef | {k for k, _ in defs})]
         parts.append(
-            f'extern "C" int run{i}(const void* A, const void* B, void* C, float* work, '
-            f"int* tickets, const long long* bnd, const int* s, unsigned gx, unsigned gy, "
-            f"unsigned gz, unsigned nt, long long smem, int late) "
-            f"{{ return emu::run_grid(gx, gy, gz, nt, smem, bnd, late, [=] {{ "
-            f"cfg{i}::mma_sync_kernel((const cfg{i}::u16*)A, (const cfg{i}::u16*)B, C, work, "
-            f"tickets, "
+            f'extern "C" int run{i}(const void* A, const void* B, void* C, const long long* bnd,'
+            f" const int* s, unsigned gx, unsigned gy, unsigned nt, long long smem, int late) "
+            f"{{ return emu::run_grid(gx, gy, nt, smem, bnd, late, [=] {{ "
+            f"cfg{i}::mma_sync_kernel((const cfg{i}::u16*)A, (const cfg{i}::u16*)B, C, "
             + ", ".join(f"s[{j}]" for j in range(len(kernel_scalars(source)))) + "); }); }")
         parts.append(f'extern "C" int threads{i}() {{ return cfg{i}::emu_threads; }}')
         parts.append(f'extern "C" int smem_off{i}(int r, int c) {{ '
@@ -565,42 +550,26 @@ class Emulator:
             if getattr(self.lib, f"threads{i}")() != s.cfg.threads:
                 raise ValueError(f"{s.cfg}: MmaConfig.threads differs from the kernel's NTHREADS")
         self.errors = self.conflicts = 0
-        self.tickets = np.zeros(0, np.int32)   # kept from run to run, as the launcher does
-
-    def split_buffers(self, tiles: int, tile_floats: int) -> tuple[np.ndarray, np.ndarray]:
-        """SPLIT_K's buffers: `work` poisoned with NaN on every call, between NaN guards
-        (`self.work_whole`), and `tickets`, zeroed once and kept (the kernel must leave
-        them zero)."""
-        if self.tickets.size < 2 * tiles:
-            self.tickets = np.zeros(2 * tiles, np.int32)
-        self.work_whole = np.full(tiles * tile_floats + 2 * GUARD, np.nan, np.float32)
-        return self.work_whole[GUARD:-GUARD], self.tickets
-
-    def split_faults(self) -> int:
-        """Writes past `work` and tickets left nonzero after the last launch."""
-        guards = np.concatenate([self.work_whole[:GUARD], self.work_whole[-GUARD:]])
-        return int(not np.isnan(guards).all()) + int(np.count_nonzero(self.tickets))
 
     def smem_off(self, i: int, r: int, c: int) -> int:
         return getattr(self.lib, f"smem_off{i}")(r, c)
 
     def launch(self, i, grid, block, args, shared_mem, operands, late=True) -> None:
-        """Run spec i as CuPy would launch it: grid (x, y[, z]), block (threads,), args = the
-        five pointers (A, B, C, work, tickets) then the int scalars; reads outside
-        `operands` (arrays) are faults. Sets self.errors and self.conflicts."""
+        """Run spec i as CuPy would launch it: grid (x, y), block (threads,), args = the
+        three pointers then the int scalars; reads outside `operands` (arrays) are faults.
+        Sets self.errors and self.conflicts."""
         s = self.specs[i]
         if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes():
             raise ValueError(f"{s.cfg}: launched with block {block}, {shared_mem} bytes")
-        ptrs, sc = [int(v) for v in args[:5]], np.array([int(v) for v in args[5:]], np.int32)
+        ptrs, sc = [int(v) for v in args[:3]], np.array([int(v) for v in args[3:]], np.int32)
         if sc.size != len(self.scalars):
             raise ValueError(f"{sc.size} scalars for a kernel taking {len(self.scalars)}")
         bnd = np.array([v for a in operands for v in (a.ctypes.data, a.ctypes.data + a.nbytes)],
                        np.int64)
         p = ctypes.c_void_p
         self.errors = getattr(self.lib, f"run{i}")(
-            *(p(v) for v in ptrs), p(bnd.ctypes.data), p(sc.ctypes.data),
-            ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
-            ctypes.c_uint(grid[2] if len(grid) > 2 else 1), ctypes.c_uint(s.cfg.threads),
+            p(ptrs[0]), p(ptrs[1]), p(ptrs[2]), p(bnd.ctypes.data), p(sc.ctypes.data),
+            ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(s.cfg.threads),
             ctypes.c_longlong(s.cfg.smem_bytes()), ctypes.c_int(int(late)))
         self.conflicts = self.lib.conflicts()
 
@@ -614,16 +583,14 @@ class Emulator:
         n_out = int(np.prod(out_shape)) * (1 if s.out_f16 else 2)
         g = out_guard(s.cfg, values["N"])
         wc, ic = _aligned(n_out, g)
-        grid = (-(-values["N"] // s.cfg.BN), -(-values["M"] // s.cfg.BM), s.cfg.SPLIT_K)
-        work, tickets = self.split_buffers(grid[0] * grid[1], s.cfg.BM * s.cfg.BN)
-        args = [ia.ctypes.data, ib.ctypes.data, ic.ctypes.data, work.ctypes.data,
-                tickets.ctypes.data]
+        grid = (-(-values["N"] // s.cfg.BN), -(-values["M"] // s.cfg.BM))
+        args = [ia.ctypes.data, ib.ctypes.data, ic.ctypes.data]
         args += [values.get(k, 0) for k in self.scalars]
         self.launch(i, grid, (s.cfg.threads,), args, s.cfg.smem_bytes(), (ia, ib), late)
         guards = np.concatenate([wc[:g], wc[g + n_out:], wa[:GUARD], wa[-GUARD:],
                                  wb[:GUARD], wb[-GUARD:]])
         self.errors += int(np.count_nonzero(guards != POISON))
-        self.errors += int(not np.array_equal(ia, bits(a).ravel())) + self.split_faults()
+        self.errors += int(not np.array_equal(ia, bits(a).ravel()))
         out = ic.view(np.float16 if s.out_f16 else np.float32).reshape(out_shape)
         return out.astype(np.float32)
 
@@ -643,6 +610,13 @@ class Emulator:
         values = dict(M=Nb * p.P * p.Q, N=K, Kd=R * S * C, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                       sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw)
         return self._run(i, x, w, (Nb, p.P, p.Q, K), values, late)
+
+        Nb, H, W, C = x.shape
+        K, R, S, _ = w.shape
+        p = conv_params((Nb, C, H, W), (K, C, R, S), stride, padding, dilation)
+        M = Nb * p.P * p.Q
+        sc = (M, K, R * S * C, H, W, C, p.P, p.Q, S, *p.stride, *p.padding, *p.dilation)
+        return self._run(i, x, w, (Nb, p.P, p.Q, K), sc, M, late)
 
 
 # ----------------------------------------------------------------------------------------
@@ -914,7 +888,7 @@ class WgmmaEmulator:
                 f"emu::wg::tma_late = late & 1; emu::wg::wg_late = (late >> 1) & 1; "
                 f"emu::on_block = emu::wg::reset; emu::on_block_end = emu::wg::leftover; "
                 f"emu::smem_shift = {self.SMEM_SHIFT}; "
-                f"int r = emu::run_grid(blocks, 1, 1, nt, smem, bnd, 0, [=] {{ "
+                f"int r = emu::run_grid(blocks, 1, nt, smem, bnd, 0, [=] {{ "
                 f"wcfg{i}::wgmma_tma_kernel((const wcfg{i}::u64*)maps, C, "
                 + ", ".join(f"s[{j}]" for j in range(n_int)) + "); }); "
                 "emu::on_block = nullptr; emu::on_block_end = nullptr; emu::smem_shift = 0; "

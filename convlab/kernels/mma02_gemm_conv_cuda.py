@@ -40,8 +40,7 @@ PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 class MmaConfig:
     """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
     scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only); the
-    conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0);
-    the epilogue's EPI_SMEM and SPLIT_K (blocks per tile, each summing a share of Kd)."""
+    conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0)."""
 
     BM: int = 128
     BN: int = 128
@@ -57,7 +56,6 @@ class MmaConfig:
     SERPENTINE: int = 0
     EPI_SMEM: int = 0
     TAPS: int = 0
-    SPLIT_K: int = 1
     EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
@@ -87,8 +85,6 @@ class MmaConfig:
                           or self.BN * (self.BK // 8) % self.threads):
             raise ValueError(f"{self}: GPTR and TAPS need whole chunks per thread, one column "
                              "each")
-        if self.SPLIT_K < 1 or (self.SPLIT_K > 1 and not (self.GPTR or self.TAPS)):
-            raise ValueError(f"{self}: SPLIT_K > 1 needs the pointer loaders (GPTR or TAPS)")
         if self.smem_bytes() > 227 * 1024:
             raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
         return self
@@ -98,7 +94,7 @@ class MmaConfig:
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
                     SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, TAPS=self.TAPS,
-                    SPLIT_K=self.SPLIT_K, **extra)
+                    **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -107,8 +103,7 @@ class MmaConfig:
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE",
-                                                    "EPI_SMEM", "TAPS") if getattr(self, k))
-                + (f" split {self.SPLIT_K}" if self.SPLIT_K > 1 else ""))
+                                                    "EPI_SMEM", "TAPS") if getattr(self, k)))
 
 
 STEP1 = MmaConfig(STAGES=2, ASYNC=0, SWIZZLE=0)
@@ -139,7 +134,6 @@ CONV_TILES = {
 CONV_GATHER = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
                replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4))
 CONV_CANDIDATES = tuple(CONV_TILES.values()) + CONV_GATHER
-SPLIT_MIN_SLABS = 16   # slabs per split at least: the prologue and the hand-over amortized
 
 
 def source() -> str:
@@ -184,34 +178,19 @@ def _scalars(**v) -> tuple:
     return tuple(np.int32(v.get(k, 0)) for k in _SCALARS)
 
 
-_SPLIT_BUFFERS: dict = {}   # device id -> (work, tickets)
 
 
-def split_buffers(tiles: int, tile_floats: int):
-    """SPLIT_K's device buffers, kept per device and grown on demand: `work` (fp32, one
-    tile's partial sums per tile) and `tickets` (2 int32 per tile, zeroed once: every
-    launch leaves them zero). Launches that share them must share one stream."""
-    import cupy as cp
 
-    dev = cp.cuda.Device().id
-    work, tickets = _SPLIT_BUFFERS.get(dev, (None, None))
-    if work is None or work.size < tiles * tile_floats or tickets.size < 2 * tiles:
-        work = cp.empty(tiles * tile_floats, cp.float32)
-        tickets = cp.zeros(2 * tiles, cp.int32)
-        _SPLIT_BUFFERS[dev] = (work, tickets)
-    return work, tickets
+
 
 
 def _launch_kernel(cfg, conv, a, b, out, M, N, Kd, **geom):
     bf16 = _kind(a) == "bfloat16"
     fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)
-    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM), cfg.SPLIT_K)
+    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
     if grid[1] > 65535:
         raise Unsupported(f"{cfg}: {grid[1]} block rows > 65535")
-    work, tickets = (split_buffers(grid[0] * grid[1], cfg.BM * cfg.BN) if cfg.SPLIT_K > 1
-                     else (None, None))
-    ptrs = (a, b, out, work, tickets)
-    fn(grid, (cfg.threads,), tuple(np.uint64(0 if p is None else _ptr(p)) for p in ptrs)
+    fn(grid, (cfg.threads,), (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)))
        + _scalars(M=M, N=N, Kd=Kd, **geom),
        shared_mem=cfg.smem_bytes())
     return out
@@ -279,9 +258,9 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
     if max(M * Kd, M * K, Nb * H * W * C) >= 2**31:
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_sm80()
-    cfg = (cfg or choose_conv(K, M, _sm_count(), Kd)).validate()
+    cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
     if cfg.TAPS and (C % cfg.BK or R * S > 32):   # a slab would straddle two taps
-        cfg = replace(cfg, TAPS=0, SPLIT_K=1)
+        cfg = replace(cfg, TAPS=0)
     return _launch_kernel(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,
                    sh=p.stride[0], sw=p.stride[1], ph=p.padding[0], pw=p.padding[1],
                    dh=p.dilation[0], dw=p.dilation[1])
@@ -293,23 +272,17 @@ def wave_fill(blocks: int, slots: int) -> float:
     return blocks / (ceil_div(blocks, slots) * slots)
 
 
-def choose_conv(K: int, M: int | None = None, sms: int = 132, Kd: int = 0) -> MmaConfig:
-    """The conv tile for M output pixels x K filters (Kd = R S C deep), without timing: 64
-    filters wide when K <= 64, else 128; then the tallest block (128, 96, 64 rows) whose
-    blocks fill the waves on `sms` SMs within 2% of the best fill (counted at one block per
-    SM); then K split in two (SPLIT_K=2) when those blocks are one wave of one block per SM
-    and each half still has SPLIT_MIN_SLABS slabs or more."""
+def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
+    """The conv tile for M output pixels x K filters, without timing: 64 filters wide when
+    K <= 64, else 128; then the tallest block (128, 96, 64 rows) whose blocks fill the waves
+    on `sms` SMs within 2% of the best fill (counted at one block per SM)."""
     bn = 64 if K <= 64 else 128
     tiles = [(bm, cfg) for (bm, b), cfg in CONV_TILES.items() if b == bn]
     if M is None:
         return tiles[0][1]
     fill = {bm: wave_fill(ceil_div(M, bm) * ceil_div(K, bn), sms) for bm, _ in tiles}
     best = max(fill.values())
-    cfg = next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
-    if (ceil_div(M, cfg.BM) * ceil_div(K, bn) <= sms
-            and ceil_div(Kd, cfg.BK) >= 2 * SPLIT_MIN_SLABS):
-        cfg = replace(cfg, SPLIT_K=2)
-    return cfg
+    return next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
 
 
 def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):

@@ -237,25 +237,20 @@ def _mma_conv_layer(ctx, lname):
     import torch
 
     from ..kernels import mma02_gemm_conv_cuda as MM
-    from ..kernels._launch import sm_count
 
     prob = problems.conv_layer(lname)
     kw = prob.kwargs
     N, K, P, Q = prob.out_shape
-    crs = prob.C * prob.R * prob.S
-    chosen = MM.choose_conv(K, N * P * Q, sm_count(), crs)
+    chosen = MM.choose_conv(K, N * P * Q)
     rows, tol, xh, wh, x_nhwc, w_krsc, exp, absref = _conv_tiles(
         ctx, prob, torch.float16, "mma.sync conv",
         lambda x, w, out, cfg: MM.conv2d_mma_nhwc(x, w, out, cfg=cfg, **kw), chosen,
         MM.CONV_CANDIDATES)
     out16 = torch.empty(N, P, Q, K, device="cuda", dtype=torch.float16)
-    # the chosen tile without the conv's switches, then with one more each (fp16 out); the
-    # last step is the launcher's own choice
-    steps = [("gather", dict(TAPS=0, FRAG_PIPE=0, EPI_SMEM=0, SPLIT_K=1)),
-             ("+ taps", dict(FRAG_PIPE=0, EPI_SMEM=0, SPLIT_K=1)),
-             ("+ frag pipe", dict(EPI_SMEM=0, SPLIT_K=1))]
-    if chosen.SPLIT_K > 1:
-        steps.append(("+ staged epilogue", dict(SPLIT_K=1)))
+    crs = prob.C * prob.R * prob.S
+    # the chosen tile without the conv's switches, then with one more each (fp16 out)
+    steps = [("gather", dict(TAPS=0, FRAG_PIPE=0, EPI_SMEM=0)), ("+ taps", dict(FRAG_PIPE=0,
+             EPI_SMEM=0)), ("+ frag pipe", dict(EPI_SMEM=0))]
     for step, off in steps:
         cfg = replace(chosen, **off)
         _try(rows, step, lambda cfg=cfg, step=step: dict(fp16_out=True, conv_step=step,
@@ -263,8 +258,7 @@ def _mma_conv_layer(ctx, lname):
                                 lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, cfg=cfg, **kw),
                                 out16, exp, absref, rtol_for("fp16", crs), prob.flops,
                                 queued=True)))
-    last = "+ split K" if chosen.SPLIT_K > 1 else "+ staged epilogue"
-    _try(rows, "fp16 out", lambda: dict(fp16_out=True, conv_step=last,
+    _try(rows, "fp16 out", lambda: dict(fp16_out=True, conv_step="+ staged epilogue",
                                         **_check_then_time(
         ctx, "mma.sync conv (fp16 out)", lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out16, **kw),
         out16, exp, absref, rtol_for("fp16", crs), prob.flops, queued=True)))

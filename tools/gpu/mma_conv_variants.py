@@ -7,10 +7,9 @@ in $OUT/mma_conv_variants.json.
 Variants: tiles (mma02's candidates and a few more) x {the chunk-by-chunk gather, TAPS
 (one tap per slab), TAPS + FRAG_PIPE}, fp32 output, and the fastest of them with fp16
 output (what cuDNN writes). TILESET=2: TAPS + FRAG_PIPE on more tiles, fp32 output, fp16
-output stored directly and staged in shared memory (EPI_SMEM). TILESET=3, 4: block heights
-of 96 and 48, stages and warp shapes. TILESET=5: `CONV_TILES` with Kd split 1-4 ways.
-Each output is checked against float64 of the rounded inputs at the fp32 (fp16) tolerance,
-twice (same bits), before it is timed by CUDA events (`measure.tensor_cores`' checks and timings).
+output stored directly and staged in shared memory (EPI_SMEM). Each output is checked
+against float64 of the rounded inputs at the fp32 (fp16) tolerance, twice (same bits),
+before it is timed by CUDA events (`measure.tensor_cores`' checks and timings).
 ROUNDS=n times the list n times (medians). Variants not started within BUDGET_S seconds
 (default 240) are rows marked skipped.
 """
@@ -27,7 +26,6 @@ import convlab
 convlab.setup("gpu")
 from convlab import problems  # noqa: E402
 from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
-from convlab.kernels._launch import sm_count  # noqa: E402
 from convlab.measure import tensor_cores as TC  # noqa: E402
 from convlab.measure.clock import GpuClock  # noqa: E402
 from convlab.measure.harness import Context  # noqa: E402
@@ -88,10 +86,6 @@ if os.environ.get("TILESET") == "4":   # stages and warp shapes around the best 
              "96x128x64 w48x64 s4": replace(S3, BM=96, WM=48, BK=64, STAGES=4),
              "96x128x32 w96x32 s4": replace(S3, BM=96, WM=96, WN=32, STAGES=4)}
     VARIANTS = {"taps+frag+epi f16": (dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1), True)}
-if os.environ.get("TILESET") == "5":   # the conv tiles (all three switches), K split 1-4 ways
-    TILES = {f"{bm}x{bn}x{c.BK} w{c.WM}x{c.WN} s{c.STAGES}": c
-             for (bm, bn), c in MM.CONV_TILES.items()}
-    VARIANTS = {f"split {n} f16": (dict(SPLIT_K=n), True) for n in (1, 2, 3, 4)}
 BUDGET_S = float(os.environ.get("BUDGET_S", 240))
 ROUNDS = int(os.environ.get("ROUNDS", 2))
 
@@ -148,7 +142,7 @@ def run_layer(ctx, lname):
                for n, m in med.items()}
     algo = next((r.get("algorithm") for r in rows if r["name"] == "cuDNN fp16 NHWC"), "?")
     return dict(layer=lname, problem=str(prob), rows=rows, medians=summary, cudnn_algorithm=algo,
-                chosen=str(MM.choose_conv(K, N * P * Q, sm_count(), crs)))
+                chosen=str(MM.choose_conv(K, N * P * Q)))
 
 
 def table(results) -> str:

@@ -31,16 +31,10 @@
 //                tap (r, s), so the gather is GPTR's loader for the input: per row of A an
 //                offset and a mask of the taps inside the image, computed once; per slab
 //                one tap offset for the whole block. No division or bounds check per chunk
-// and two epilogue switches:
+// and one epilogue switch:
 //   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots; the launcher's
 //                MmaConfig.smem_bytes covers the staged rows), then stored as 16-byte row
 //                chunks (element by element when N is not a multiple of 16 bytes)
-//   SPLIT_K=n    (with GPTR or TAPS) blockIdx.z of n sums its share of the slabs; the
-//                blocks of a tile then take turns in the order they finish (a ticket):
-//                each adds the partial sums the one before left in `work` (fp32, the
-//                tile's accumulators as the threads hold them), the last one stores C.
-//                `tickets` (2 ints per tile, zero before the first launch) are reset by
-//                the last block, so launches on one stream can reuse them
 // Limits (the launcher checks): Kd % 8 == 0 (16-byte chunks); CONV needs C % 8 == 0,
 // TAPS C % BK == 0 and R * S <= 32.
 
@@ -95,9 +89,6 @@
 #ifndef TAPS
 #define TAPS 0
 #endif
-#ifndef SPLIT_K
-#define SPLIT_K 1
-#endif
 #define USE_TAPS (TAPS && CONV)
 #define USE_GPTR ((GPTR && !CONV) || USE_TAPS)
 
@@ -136,7 +127,6 @@ static_assert(!FRAG_PIPE || (ASYNC && (BK / 16) % 2 == 0 && (!SWIZZLE || BK <= 6
 static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
                             B_CHUNKS % NTHREADS == 0),
               "per-thread pointers: cp.async, every thread the same column in every chunk");
-static_assert(SPLIT_K == 1 || USE_GPTR, "SPLIT_K needs the pointer loaders (GPTR or TAPS)");
 
 // Offset (in halves) of 16-byte chunk c of shared-memory row r.
 __device__ __forceinline__ int smem_off(int r, int c) {
@@ -181,14 +171,6 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Split K: spin until the tile's turn counter reaches `want` (the blocks before are running:
-// they took their tickets first), then order this thread's later reads after it.
-__device__ __forceinline__ void wait_turn(const int* turn, int want) {
-    while (*(volatile const int*)turn != want) {
-    }
-    __threadfence();
 }
 
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {  // lo in the low half
@@ -264,7 +246,7 @@ __device__ __forceinline__ const u16* b_src(const u16* B, const Problem& pb, int
 
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __restrict__ Cout,
-                float* __restrict__ work, int* __restrict__ tickets, int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
+                int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
                 int ph, int pw, int dh, int dw) {
     const Problem pb = {M, N, Kd, H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw};
     extern __shared__ __align__(128) u16 smem[];
@@ -282,10 +264,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / (BN / WN), wn = warp % (BN / WN);
-    // this block's slabs: [kt0, kt0 + KT) of the Kd / BK, split z of SPLIT_K
-    const int KT_ALL = (pb.Kd + BK - 1) / BK;
-    const int kt0 = (int)(blockIdx.z * KT_ALL / SPLIT_K);
-    const int KT = (int)((blockIdx.z + 1) * KT_ALL / SPLIT_K) - kt0;
+    const int KT = (pb.Kd + BK - 1) / BK;
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -315,7 +294,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     constexpr int RSTEP = NTHREADS / KCH;
     const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
     const int gstep = RSTEP * pb.Kd;
-    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8 + kt0 * BK;
+    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
     unsigned bmask = 0;
 #pragma unroll
     for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
@@ -339,13 +318,9 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
             }
         taps[j] = t;
     }
-    // of the next slab loaded, starting at slab kt0 (C % BK == 0: slabs do not straddle taps)
-    int tap = kt0 * BK / pb.C, tap_c = kt0 * BK - tap * pb.C;
-    int tap_r = tap / pb.S, tap_s = tap - tap_r * pb.S;
-    auto tap_at = [&] { return (tap_r * pb.dh * pb.W + tap_s * pb.dw) * pb.C; };  // c = 0
-    int tap_off = tap_at() + tap_c;
+    int tap = 0, tap_r = 0, tap_s = 0, tap_c = 0, tap_off = 0;   // of the next slab loaded
 #else
-    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8 + kt0 * BK;
+    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
     unsigned amask = 0;
 #pragma unroll
     for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
@@ -355,8 +330,8 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     auto s_at = [&](int j) {
         return RSTEP % 16 == 0 ? s0 + j * RSTEP * LDS : smem_off(r0 + j * RSTEP, tid % KCH);
     };
-    auto load_slab = [&](int slot, int kt) {   // slabs kt0 + 0, 1, 2, ... in order
-        const bool kin = c8 < pb.Kd - (kt0 + kt) * BK;   // the Kd tail
+    auto load_slab = [&](int slot, int kt) {   // slabs kt = 0, 1, 2, ... in order
+        const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
 #if USE_TAPS
 #pragma unroll
         for (int j = 0; j < A_PER; ++j) {
@@ -372,7 +347,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                 tap_s = 0;
                 ++tap_r;
             }
-            tap_off = tap_at();
+            tap_off = (tap_r * pb.dh * pb.W + tap_s * pb.dw) * pb.C;
         }
 #else
 #pragma unroll
@@ -570,50 +545,6 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         compute_slab(kt & 1);
         if (kt + 1 < KT) store_slab((kt + 1) & 1);
         __syncthreads();
-    }
-#endif
-
-#if SPLIT_K > 1
-    {   // take a ticket, wait for the turn, add the partial sums before, pass them on
-        __shared__ int ticket_s;
-        int* tk = tickets + 2 * (bm * nbn + bn);   // [tickets taken, turn]
-        float4* ws = reinterpret_cast<float4*>(work) + (long long)(bm * nbn + bn) * MI * NI *
-                                                           NTHREADS + tid;
-        if (tid == 0) {
-            const int t = atomicAdd(tk, 1);
-            wait_turn(tk + 1, t);
-            ticket_s = t;
-        }
-        __syncthreads();
-        const int t = ticket_s;
-        if (t > 0) {
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j) {
-                    const float4 v = __ldcg(ws + (i * NI + j) * NTHREADS);
-                    acc[i][j][0] += v.x;
-                    acc[i][j][1] += v.y;
-                    acc[i][j][2] += v.z;
-                    acc[i][j][3] += v.w;
-                }
-        }
-        if (t < SPLIT_K - 1) {
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j)
-                    __stcg(ws + (i * NI + j) * NTHREADS,
-                           make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]));
-            __threadfence();
-            __syncthreads();
-            if (tid == 0) atomicExch(tk + 1, t + 1);
-            return;
-        }
-        if (tid == 0) {   // the last of the tile: every other block is done with tk
-            tk[0] = 0;
-            tk[1] = 0;
-        }
     }
 #endif
 
