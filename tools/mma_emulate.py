@@ -611,13 +611,6 @@ class Emulator:
                       sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw)
         return self._run(i, x, w, (Nb, p.P, p.Q, K), values, late)
 
-        Nb, H, W, C = x.shape
-        K, R, S, _ = w.shape
-        p = conv_params((Nb, C, H, W), (K, C, R, S), stride, padding, dilation)
-        M = Nb * p.P * p.Q
-        sc = (M, K, R * S * C, H, W, C, p.P, p.Q, S, *p.stride, *p.padding, *p.dilation)
-        return self._run(i, x, w, (Nb, p.P, p.Q, K), sc, M, late)
-
 
 # ----------------------------------------------------------------------------------------
 # The Hopper kernel (csrc/wgmma_tma.cu): wgmma, TMA and mbarriers modelled the same way

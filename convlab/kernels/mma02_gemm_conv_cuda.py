@@ -178,12 +178,6 @@ def _scalars(**v) -> tuple:
     return tuple(np.int32(v.get(k, 0)) for k in _SCALARS)
 
 
-
-
-
-
-
-
 def _launch_kernel(cfg, conv, a, b, out, M, N, Kd, **geom):
     bf16 = _kind(a) == "bfloat16"
     fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)

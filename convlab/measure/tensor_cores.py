@@ -237,11 +237,12 @@ def _mma_conv_layer(ctx, lname):
     import torch
 
     from ..kernels import mma02_gemm_conv_cuda as MM
+    from ..kernels._launch import sm_count
 
     prob = problems.conv_layer(lname)
     kw = prob.kwargs
     N, K, P, Q = prob.out_shape
-    chosen = MM.choose_conv(K, N * P * Q)
+    chosen = MM.choose_conv(K, N * P * Q, sm_count())
     rows, tol, xh, wh, x_nhwc, w_krsc, exp, absref = _conv_tiles(
         ctx, prob, torch.float16, "mma.sync conv",
         lambda x, w, out, cfg: MM.conv2d_mma_nhwc(x, w, out, cfg=cfg, **kw), chosen,
