@@ -107,6 +107,7 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
+              + [Spec(c, conv=True) for c in M2.CONV_ONE_WAVE.values()]
               + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
               + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48)])
@@ -262,7 +263,8 @@ def test_rasterization_covers_every_tile_once():
 def test_choose_conv_fills_the_waves():
     """The conv tile: 64 filters wide up to K = 64, else 128; the tallest block whose
     blocks fill the SMs' waves within 2% of the best (ResNet's 256-filter 14 x 14 layer at
-    batch 32: 96 rows, 132 blocks on 132 SMs, where 128 rows leave a quarter idle)."""
+    batch 32: 96 rows, 132 blocks on 132 SMs, where 128 rows leave a quarter idle); at
+    most one block per SM, the tile's 8-warp form."""
     assert M2.wave_fill(132, 132) == 1.0 and M2.wave_fill(98, 132) == 98 / 132
     assert M2.wave_fill(133, 132) == 133 / 264
     cases = [(64, 32 * 56 * 56, 132), (128, 32 * 28 * 28, 132), (256, 32 * 14 * 14, 132),
@@ -271,12 +273,17 @@ def test_choose_conv_fills_the_waves():
     for K, M, sms in cases:
         cfg = M2.choose_conv(K, M, sms)
         assert cfg.BN == (64 if K <= 64 else 128) and cfg.TAPS and cfg.EPI_SMEM, cfg
+        blocks = -(-M // cfg.BM) * -(-K // cfg.BN)
+        tile = M2.CONV_TILES[cfg.BM, cfg.BN]
+        assert cfg == (M2.CONV_ONE_WAVE.get((cfg.BM, cfg.BN), tile) if blocks <= sms else tile)
         fills = {bm: M2.wave_fill(-(-M // bm) * -(-K // bn), sms)
                  for (bm, bn) in M2.CONV_TILES if bn == cfg.BN}
         assert fills[cfg.BM] >= max(fills.values()) - 0.02, (K, M, sms, cfg)
         assert all(bm <= cfg.BM or f < max(fills.values()) - 0.02 for bm, f in fills.items())
         picked[K, M, sms] = cfg.BM
     assert picked[256, 6272, 132] == 96 and picked[64, 32 * 56 * 56, 132] == 128
+    assert M2.choose_conv(256, 6272, 132).threads == 256    # one wave: 8 warps
+    assert M2.choose_conv(128, 32 * 28 * 28, 132).threads == 128
 
 # one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
 CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)

@@ -124,16 +124,20 @@ GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1))
 # config; block heights of 96 fill whole waves where 128 leaves SMs idle.
 CONV_SWITCHES = dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1)
 CONV_TILES = {
-    (128, 64): replace(STEP3, BN=64, WN=32, STAGES=4, **CONV_SWITCHES),
+    (128, 64): replace(STEP3, BN=64, WM=32, STAGES=4, **CONV_SWITCHES),
     (96, 64): replace(STEP3, BM=96, BN=64, WM=48, WN=32, STAGES=4, **CONV_SWITCHES),
     (128, 128): replace(STEP3, STAGES=4, **CONV_SWITCHES),
     (96, 128): replace(STEP3, BM=96, WM=48, STAGES=4, **CONV_SWITCHES),
     (64, 128): replace(STEP3, BM=64, WM=32, BK=64, STAGES=3, **CONV_SWITCHES),
 }
+# where the grid is one block per SM (a single wave), 8 warps per block instead of 4
+CONV_ONE_WAVE = {
+    (96, 128): replace(STEP3, BM=96, WM=48, WN=32, BK=64, STAGES=4, **CONV_SWITCHES),
+}
 # the earlier conv tiles: the chunk-by-chunk gather, direct stores (lesson 12's steps)
 CONV_GATHER = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
                replace(STEP3, BM=64, BN=64, WM=32, WN=32, BK=64, STAGES=4))
-CONV_CANDIDATES = tuple(CONV_TILES.values()) + CONV_GATHER
+CONV_CANDIDATES = tuple(CONV_TILES.values()) + tuple(CONV_ONE_WAVE.values()) + CONV_GATHER
 
 
 def source() -> str:
@@ -269,14 +273,18 @@ def wave_fill(blocks: int, slots: int) -> float:
 def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
     """The conv tile for M output pixels x K filters, without timing: 64 filters wide when
     K <= 64, else 128; then the tallest block (128, 96, 64 rows) whose blocks fill the waves
-    on `sms` SMs within 2% of the best fill (counted at one block per SM)."""
+    on `sms` SMs within 2% of the best fill (counted at one block per SM); its 8-warp form
+    (`CONV_ONE_WAVE`) when those blocks are at most one per SM."""
     bn = 64 if K <= 64 else 128
     tiles = [(bm, cfg) for (bm, b), cfg in CONV_TILES.items() if b == bn]
     if M is None:
         return tiles[0][1]
     fill = {bm: wave_fill(ceil_div(M, bm) * ceil_div(K, bn), sms) for bm, _ in tiles}
     best = max(fill.values())
-    return next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
+    cfg = next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
+    if ceil_div(M, cfg.BM) * ceil_div(K, bn) <= sms:
+        cfg = CONV_ONE_WAVE.get((cfg.BM, cfg.BN), cfg)
+    return cfg
 
 
 def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):

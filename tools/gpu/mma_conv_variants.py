@@ -86,6 +86,19 @@ if os.environ.get("TILESET") == "4":   # stages and warp shapes around the best 
              "96x128x64 w48x64 s4": replace(S3, BM=96, WM=48, BK=64, STAGES=4),
              "96x128x32 w96x32 s4": replace(S3, BM=96, WM=96, WN=32, STAGES=4)}
     VARIANTS = {"taps+frag+epi f16": (dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1), True)}
+if os.environ.get("TILESET") == "6":   # 8 warps where a block is alone on its SM (resnet256)
+    T = dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1)
+    TILES = {"96x128x32 w48x64 s4": replace(S3, BM=96, WM=48, STAGES=4, **T),
+             "96x128x64 w48x32 s4": replace(S3, BM=96, WM=48, WN=32, BK=64, STAGES=4, **T),
+             "96x128x64 w48x32 s3": replace(S3, BM=96, WM=48, WN=32, BK=64, STAGES=3, **T),
+             "96x128x64 w48x32 s5": replace(S3, BM=96, WM=48, WN=32, BK=64, STAGES=5, **T),
+             "96x128x64 w96x32 s4": replace(S3, BM=96, WM=96, WN=32, BK=64, STAGES=4, **T),
+             "96x128x64 w48x64 s4": replace(S3, BM=96, WM=48, BK=64, STAGES=4, **T),
+             "128x64x32 w64x32 s4": replace(S3, BN=64, WN=32, STAGES=4, **T),
+             "128x64x32 w32x64 s4": replace(S3, BN=64, WM=32, STAGES=4, **T),
+             "128x64x32 w32x32 s4": replace(S3, BN=64, WM=32, WN=32, STAGES=4, **T),
+             "128x64x64 w32x32 s3": replace(S3, BN=64, WM=32, WN=32, BK=64, STAGES=3, **T)}
+    VARIANTS = {"f16": ({}, True)}
 BUDGET_S = float(os.environ.get("BUDGET_S", 240))
 ROUNDS = int(os.environ.get("ROUNDS", 2))
 
