@@ -14,7 +14,10 @@ the same source with one switch more each step (`LADDER`):
 
 Both operands are K-major: the GEMM computes ``C = A @ B^T`` with a (M, K) and bt (N, K)
 (cuBLAS's "TN"; `gemm_mma` transposes a row-major b once); the convolution is an
-implicit GEMM over an NHWC input with filters as (K, R, S, C) — C % 8 == 0.
+implicit GEMM over an NHWC input with filters as (K, R, S, C) — C % 8 == 0. The conv
+adds its own switches (`CONV_SWITCHES`: one filter tap per slab, double-buffered
+fragments, 16-byte stores staged in shared memory) and takes its tile by wave fill
+(`choose_conv`).
 """
 
 from __future__ import annotations
