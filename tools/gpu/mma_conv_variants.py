@@ -127,7 +127,9 @@ def run_layer(ctx, lname):
     def one(name, cfg, half):
         out = outs[half]
         run = lambda: MM.conv2d_mma_nhwc(x_nhwc, w_krsc, out, cfg=cfg, **kw)  # noqa: E731
-        return dict(config=str(cfg), fp16_out=half, **TC._check_then_time(
+        fn = MM._kernel(cfg.validate(), True, half, False)
+        return dict(config=str(cfg), fp16_out=half, regs=fn.num_regs,
+                    local_bytes=fn.local_size_bytes, **TC._check_then_time(
             ctx, name, run, out, exp, absref, tols[half], prob.flops, queued=True))
 
     for rnd in range(ROUNDS):
@@ -154,6 +156,9 @@ def run_layer(ctx, lname):
                        pct_cuDNN_fp16_NHWC=100 * base / m if base else None)
                for n, m in med.items()}
     algo = next((r.get("algorithm") for r in rows if r["name"] == "cuDNN fp16 NHWC"), "?")
+    regs = {r["name"]: (r.get("regs"), r.get("local_bytes")) for r in rows if "regs" in r}
+    for n in summary:
+        summary[n]["regs"], summary[n]["local_bytes"] = regs.get(n, (None, None))
     return dict(layer=lname, problem=str(prob), rows=rows, medians=summary, cudnn_algorithm=algo,
                 chosen=str(MM.choose_conv(K, N * P * Q)))
 
@@ -166,7 +171,9 @@ def table(results) -> str:
         pcts = [r["medians"].get(n, {}).get("pct_cuDNN_fp16_NHWC") for r in results]
         cells = [f"{p:13.1f}%" if p else f"{'x':>14}" for p in pcts]
         gm = (statistics.geometric_mean(pcts) if all(pcts) else None)
-        lines.append(f"{n:44}" + "".join(cells) + (f"{gm:9.1f}%" if gm else f"{'':>10}"))
+        rl = next((r["medians"][n] for r in results if r["medians"].get(n, {}).get("regs")), {})
+        lines.append(f"{n:44}" + "".join(cells) + (f"{gm:9.1f}%" if gm else f"{'':>10}")
+                     + (f"  {rl['regs']} regs, {rl['local_bytes']} B local" if rl else ""))
     lib = [(r["layer"], r["medians"].get("cuDNN fp16 NHWC", {}).get("tflops", 0),
             r["cudnn_algorithm"]) for r in results]
     lines.append("cuDNN: " + ", ".join(f"{n} {t:.0f} TFLOP/s ({a})" for n, t, a in lib))
