@@ -282,12 +282,11 @@ def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
     tiles = [(bm, cfg) for (bm, b), cfg in CONV_TILES.items() if b == bn]
     if M is None:
         return tiles[0][1]
-    fill = {bm: wave_fill(ceil_div(M, bm) * ceil_div(K, bn), sms) for bm, _ in tiles}
+    blocks = {bm: ceil_div(M, bm) * ceil_div(K, bn) for bm, _ in tiles}
+    fill = {bm: wave_fill(n, sms) for bm, n in blocks.items()}
     best = max(fill.values())
-    cfg = next(cfg for bm, cfg in tiles if fill[bm] >= best - 0.02)
-    if ceil_div(M, cfg.BM) * ceil_div(K, bn) <= sms:
-        cfg = CONV_ONE_WAVE.get((cfg.BM, cfg.BN), cfg)
-    return cfg
+    bm, cfg = next((bm, cfg) for bm, cfg in tiles if fill[bm] >= best - 0.02)
+    return CONV_ONE_WAVE.get((bm, bn), cfg) if blocks[bm] <= sms else cfg
 
 
 def make_conv_launcher(cfg: MmaConfig | None = None, name: str = "conv2d_mma"):

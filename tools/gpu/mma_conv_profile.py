@@ -7,7 +7,7 @@ Compute run profiles side by side.
 
 The launches to profile run inside the NVTX range "profile", after warm-up calls (which
 let cuDNN's benchmark mode pick its algorithm). ``--parse NCU.txt`` turns that text report
-into the JSON of `convlab/results/h200_mma_conv_ncu.json` (its "kernels" list).
+(this script's output included) into the "layers" of `convlab/results/h200_mma_conv_ncu.json`.
 """
 
 import json
@@ -52,9 +52,21 @@ def parse(text: str) -> list[dict]:
     return out
 
 
+def layers(text: str) -> list[dict]:
+    """Per layer this script profiled (its "resnetNN: CONFIG (...)" lines, in order): the
+    config and the two kernels, ours first, then cuDNN's."""
+    picks = re.findall(r"^(resnet\d+): (.*?) \(\d+ threads\)", text, re.M)
+    ks = parse(text)
+    if len(ks) != 2 * len(picks) or any(k["kernel"] != "mma_sync_kernel" for k in ks[::2]):
+        raise ValueError(f"expected ours then cuDNN's kernel per layer: {len(picks)} layers, "
+                         f"{len(ks)} kernels")
+    return [dict(layer=name, config=cfg, ours=ks[2 * i], cudnn=ks[2 * i + 1])
+            for i, (name, cfg) in enumerate(picks)]
+
+
 if len(sys.argv) > 2 and sys.argv[1] == "--parse":
     with open(sys.argv[2]) as f:
-        print(json.dumps(parse(f.read()), indent=1))
+        print(json.dumps(layers(f.read()), indent=1))
     sys.exit(0)
 
 import convlab  # noqa: E402

@@ -26,6 +26,7 @@ import convlab
 convlab.setup("gpu")
 from convlab import problems  # noqa: E402
 from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
+from convlab.kernels._launch import sm_count  # noqa: E402
 from convlab.measure import tensor_cores as TC  # noqa: E402
 from convlab.measure.clock import GpuClock  # noqa: E402
 from convlab.measure.harness import Context  # noqa: E402
@@ -160,7 +161,7 @@ def run_layer(ctx, lname):
     for n in summary:
         summary[n]["regs"], summary[n]["local_bytes"] = regs.get(n, (None, None))
     return dict(layer=lname, problem=str(prob), rows=rows, medians=summary, cudnn_algorithm=algo,
-                chosen=str(MM.choose_conv(K, N * P * Q)))
+                chosen=str(MM.choose_conv(K, N * P * Q, sm_count())))
 
 
 def table(results) -> str:
