@@ -209,6 +209,41 @@ def test_sliced_float4_paths_match_the_scalar_ones(lib):
         assert np.array_equal(fast, slow), tile
 
 
+@pytest.fixture(scope="module", params=[1, 3], ids=lambda d: f"prefetch{d}")
+def lib_prefetch(request):
+    """The kernels with PREFETCH = 1 or 3 slabs' loads in flight (the default is 2)."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not installed")
+    return build_cpu_library(f"#define PREFETCH {request.param}\n"
+                             + F.SOURCE_PATH.read_text() + WRAPPER)
+
+
+def test_prefetch_rule():
+    """Deep (4 slabs) only for parts of 16 slabs or more; on ResNet-50's batch-1 1x1 layers
+    that is every part of 256 input channels or more (16 slabs of 16)."""
+    assert [F.prefetch_for(n) for n in (1, 4, 15, 16, 40)] == [2, 2, 2, 4, 4]
+    for lay in problems.RESNET50:
+        p = _params(lay, 1)
+        if lay.name.startswith("1x1"):
+            per = F.plan_args(p, F.choose(p))["slabs_per_part"]
+            assert F.prefetch_for(per) == (4 if p.C >= 256 else 2), lay.name
+
+
+@pytest.mark.parametrize("tile", [F.Tile(32, 32), F.Tile(32, 32, 3, 2), F.Tile(64, 64, 1, 2)],
+                         ids=str)
+@pytest.mark.parametrize("shape, wshape, kw", [SPLIT_SHAPES[0], SPLIT_SHAPES[2],
+                                               SPLIT_SHAPES[3]])
+def test_prefetch_depth_changes_no_bit(lib, lib_prefetch, tile, shape, wshape, kw):
+    """5, 5 and 10 slabs (split in 3: 2, 2, 1 and 4, 4, 2): whole and partial rounds of 1, 2
+    and 3 slabs in flight; the same sums in the same order, so the same bits."""
+    rng = np.random.default_rng(23 + tile.SPLIT)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    want, _, _ = run_on_cpu(lib, x, w, kw, tile)
+    got, _, cnt = run_on_cpu(lib_prefetch, x, w, kw, tile)
+    assert_close_to_reference(got, x, w, **kw)
+    assert np.array_equal(got, want) and not cnt.any()
+
+
 # The rule, pinned: tile and split at batch 1; at batch 32 and 128
 # every one of these layers keeps the algorithm it had before ('implicit_gemm', the stem
 # 'im2col_fused').
@@ -335,7 +370,8 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
                                empty=lambda n, t: np.full(n, np.nan, t).view(_Buf),
                                zeros=lambda n, t: np.zeros(n, t).view(_Buf))
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setattr(F, "_MODULE", [_FakeModule(lib)])
+    depths = []
+    monkeypatch.setattr(F, "_module", lambda d: depths.append(d) or _FakeModule(lib))
     monkeypatch.setattr(F, "_PLANS", {})
     rng = np.random.default_rng(3)
     x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
@@ -347,6 +383,7 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
         assert_close_to_reference(out, x, w, **kw)
     plan = next(iter(F._PLANS.values()))
     assert plan["tile"] == (tile or F.choose(p))
+    assert depths == [F.prefetch_for(plan["slabs_per_part"])]  # built once, at its depth
     if plan["parts"] > 1:
         assert not plan["counters"].any()
 

@@ -122,18 +122,32 @@ def choose(p, ks: int | None = None) -> Tile:
                 ks)
 
 
-_MODULE: list = []
+PREFETCH = 2  # slabs whose loads are in flight (the source's default PREFETCH)
+DEEP_PREFETCH, DEEP_MIN_SLABS = 4, 16  # ... and for parts of at least 16 slabs
 
 
-def _module():
-    """One CuPy RawModule with every tile, KS and mode (compiled once, at the first call)."""
-    if not _MODULE:
+def prefetch_for(slabs_per_part: int) -> int:
+    """Slabs whose loads a part keeps in flight: 4 where it reduces 16 slabs or more, else
+    2 (a short part spends its first slabs filling a deep pipeline). Chosen on the H200's
+    batch-1 ResNet-50 layers with `tools/gpu/flat_ks.py`: 2 was at least as fast as 1 on
+    each, 4 faster than 2 on the parts of 16 slabs and more."""
+    return DEEP_PREFETCH if slabs_per_part >= DEEP_MIN_SLABS else PREFETCH
+
+
+_MODULES: dict = {}
+
+
+def _module(prefetch: int = PREFETCH):
+    """One CuPy RawModule with every tile, KS and mode (compiled once per prefetch depth,
+    at the first call)."""
+    if prefetch not in _MODULES:
         import cupy as cp
 
         names = tuple(t.name_expression(m) for t in KERNELS for m in MODES)
-        _MODULE.append(cp.RawModule(code=SOURCE_PATH.read_text(), options=("-std=c++17",),
-                                    name_expressions=names))
-    return _MODULE[0]
+        _MODULES[prefetch] = cp.RawModule(
+            code=SOURCE_PATH.read_text(), name_expressions=names,
+            options=("-std=c++17", f"-DPREFETCH={int(prefetch)}"))
+    return _MODULES[prefetch]
 
 
 def plan_args(p, tile: Tile) -> dict:
@@ -155,6 +169,7 @@ def plan_args(p, tile: Tile) -> dict:
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     mode = mode_of(p)
     return dict(grid=grid, block=(tile.threads,), parts=parts, mode=mode, tiles=grid[0] * grid[1],
+                slabs_per_part=per,
                 n_out=p.N * p.K * p.P * p.Q,
                 a_vec=L % 4 == 0, b_vec=mode == 0 and p.stride == (1, 1) and p.P * p.Q % 4 == 0,
                 y_vec=p.P * p.Q % 4 == 0,
@@ -174,9 +189,9 @@ def flags_for(a, x, w, out, ws=None) -> int:
 _PLANS: dict = {}
 
 
-def _plan(x, w, out, stride, padding, dilation, groups, tile):
+def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch):
     try:
-        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups, tile)
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups, tile, prefetch)
         plan = _PLANS.get(key)
     except TypeError:
         key, plan = None, None
@@ -188,7 +203,9 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile):
 
     t = tile or choose(p)
     a = plan_args(p, t)
-    plan = dict(a, tile=t, fn=_module().get_function(t.name_expression(a["mode"])),
+    prefetch = prefetch or prefetch_for(a["slabs_per_part"])
+    plan = dict(a, tile=t, prefetch=prefetch,
+                fn=_module(prefetch).get_function(t.name_expression(a["mode"])),
                 ints=tuple(np.int32(v) for v in a["ints"]),
                 ws=cp.empty(a["parts"] * a["n_out"], cp.float32) if a["parts"] > 1 else None,
                 counters=cp.zeros(a["tiles"], cp.int32) if a["parts"] > 1 else None)
@@ -199,13 +216,16 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile):
     return plan
 
 
-def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda"):
+def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda",
+                  prefetch: int | None = None):
     """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`
-    (its BM, BN, SPLIT and KS all forced, e.g. ``Tile(32, 32, 5, 4)``)."""
+    (its BM, BN, SPLIT and KS all forced, e.g. ``Tile(32, 32, 5, 4)``); `prefetch` slabs'
+    loads in flight (default `prefetch_for` the part; the results do not depend on it, only
+    the time)."""
 
     @launcher
     def conv2d(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-        plan = _plan(x, w, out, stride, padding, dilation, groups, tile)
+        plan = _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch)
         ws, cnt = plan["ws"], plan["counters"]
         u64 = np.uint64
         null = u64(0)

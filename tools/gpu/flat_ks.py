@@ -4,6 +4,8 @@
     python3 tools/gpu/flat_ks.py "1x1 512->2048 7x7"   # only the layers named
     python3 tools/gpu/flat_ks.py all1x1                # every 1x1 layer of ResNet-50
     TILES=all python3 tools/gpu/flat_ks.py ...         # 32x64 and 64x64 tiles as well
+    PREFETCH=1,2,3,4 python3 tools/gpu/flat_ks.py all  # the rule's tile at each prefetch
+                                                       # depth instead (all: + the stem)
 
 Per layer: cuDNN fp32 (TF32 off), the rule (`flat_igemm_cuda.choose`), and the 32x32 tile
 forced to KS = 1, 2, 4 groups of 64 threads, each with the reduction split towards 4, 2 or
@@ -72,7 +74,11 @@ def run_layer(layer, rng):
     cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
     row = dict(layer=layer.name, cudnn_us=cudnn, rule=str(F.choose(p)), configs=[])
     runs = {"rule": (F.choose(p), F.conv2d_flat_igemm_cuda)}
-    runs.update({name: (t, F.make_launcher(t)) for name, t in tiles_for(p).items()})
+    if os.environ.get("PREFETCH"):   # the rule's tile, slabs in flight 1, 2, ...
+        runs.update({f"rule prefetch {d}": (F.choose(p), F.make_launcher(prefetch=int(d)))
+                     for d in os.environ["PREFETCH"].split(",")})
+    else:
+        runs.update({name: (t, F.make_launcher(t)) for name, t in tiles_for(p).items()})
     for name, (tile, fn) in runs.items():
         out = cp.asarray(check.poisoned(p.out_shape))
         fn(x, w, out, **kw)
@@ -107,7 +113,7 @@ def print_row(row):
 def main(argv) -> int:
     layers = {lay.name: lay for lay in problems.RESNET50}
     names = ([n for n in layers if n.startswith("1x1")] if argv == ["all1x1"] else
-             argv or LAYERS)
+             [n for n in layers if n[:3] != "3x3"] if argv == ["all"] else argv or LAYERS)
     missing = [n for n in names if n not in layers]
     if missing:
         print(f"unknown layers: {missing}; known: {sorted(layers)}")

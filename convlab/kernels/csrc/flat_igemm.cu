@@ -6,9 +6,10 @@
 // MODE 1: anything else: B[l, j] = x[n, c, p sh - ph + r dh, q sw - pw + s dw], zero outside.
 // A block computes BM filters x BN pixels (64 x 64, 32 x 64 or 32 x 32: NT0 = 64 threads per
 // group), a thread TM x TN of them as (TM/4) x (TN/4) sub-blocks of 4 x 4, so its
-// shared-memory reads are float4s. Slabs of BK reduction indices; the next slab's global
-// loads wait in registers while this one is multiplied (two shared buffers, one barrier per
-// slab).
+// shared-memory reads are float4s. Slabs of BK reduction indices; the global loads of the
+// next PREFETCH slabs wait in registers (PREFETCH sets) while this one is multiplied (two
+// shared buffers, one barrier per slab): a slab's loads have PREFETCH slabs of work to
+// arrive in, where a slab of a small tile is far shorter than a load's latency.
 // Sliced K (KS groups of NT0 threads, KS = 1, 2 or 4): all KS * NT0 threads load each slab
 // (1/KS of it each), group g multiplies its rows kk in [g BK/KS, (g+1) BK/KS) into its own
 // TM x TN sums; after the reduction groups 1..KS-1 leave theirs in shared memory (over the
@@ -29,6 +30,9 @@ inline float4 __ldcg(const float4* p) { return *p; }
 #endif
 
 #define BK 16
+#ifndef PREFETCH
+#define PREFETCH 2   // slabs whose loads are in flight (register sets)
+#endif
 
 // A thread's outputs: pixels jb..jb+3 of filter m for each sub-block (g, i). run4(i, g, o)
 // where the four are one float4 at offset o, else one(i, g, e, o) for each pixel in range.
@@ -110,8 +114,8 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         xoff[e] = j < NPQ ? img * C * HW + (MODE == 0 ? h0[e] * W + w0[e] : 0) : -1;
     }
 
-    float4 ra[A_F4], rb[B_F4];
-    auto fetch = [&](int t) {
+    float4 ra[PREFETCH][A_F4], rb[PREFETCH][B_F4];   // slab t0 + i in set i % PREFETCH
+    auto fetch = [&](int t, float4 (&ra)[A_F4], float4 (&rb)[B_F4]) {
         const int l0 = t * BK;
 #pragma unroll
         for (int i = 0; i < A_F4; ++i) {
@@ -161,7 +165,7 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
             rb[i] = make_float4(e4[0], e4[1], e4[2], e4[3]);
         }
     };
-    auto store = [&](int buf) {
+    auto store = [&](int buf, const float4 (&ra)[A_F4], const float4 (&rb)[B_F4]) {
 #pragma unroll
         for (int i = 0; i < A_F4; ++i) {
             const int idx = tid + i * NT, r = idx / (BK / 4), c = (idx % (BK / 4)) * 4;
@@ -184,34 +188,47 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
         for (int jj = 0; jj < TN; ++jj) acc[i][jj] = 0.0f;
 
     if (t0 < t1) {
-        fetch(t0);
-        store(0);
+        fetch(t0, ra[0], rb[0]);
+        store(0, ra[0], rb[0]);
     }
+#pragma unroll
+    for (int d = 1; d < PREFETCH; ++d)
+        if (t0 + d < t1) fetch(t0 + d, ra[d], rb[d]);
     __syncthreads();
-    for (int t = t0; t < t1; ++t) {
-        const int buf = (t - t0) & 1;
-        if (t + 1 < t1) fetch(t + 1);
+    // slab s = t + d sits in shared buffer (s - t0) & 1; set d is free (slab s was stored):
+    // it takes slab s + PREFETCH, and slab s + 1 goes from set (d + 1) % PREFETCH to the
+    // other buffer after this slab's multiply
+    for (int t = t0; t < t1; t += PREFETCH) {
 #pragma unroll
-        for (int k = 0; k < KG; ++k) {
-            const int kk = grp * KG + k;
-            float a[TM], b[TN];
+        for (int d = 0; d < PREFETCH; ++d) {
+            const int s = t + d;
+            if (s >= t1) break;
+            const int buf = (s - t0) & 1;
+            if (s + PREFETCH < t1) fetch(s + PREFETCH, ra[d], rb[d]);
 #pragma unroll
-            for (int h = 0; h < MH; ++h) {
-                const float4 v = *reinterpret_cast<const float4*>(&As[buf][kk][h * (BM / MH) + ty * 4]);
-                a[4 * h] = v.x; a[4 * h + 1] = v.y; a[4 * h + 2] = v.z; a[4 * h + 3] = v.w;
+            for (int k = 0; k < KG; ++k) {
+                const int kk = grp * KG + k;
+                float a[TM], b[TN];
+#pragma unroll
+                for (int h = 0; h < MH; ++h) {
+                    const float4 v = *reinterpret_cast<const float4*>(
+                        &As[buf][kk][h * (BM / MH) + ty * 4]);
+                    a[4 * h] = v.x; a[4 * h + 1] = v.y; a[4 * h + 2] = v.z; a[4 * h + 3] = v.w;
+                }
+#pragma unroll
+                for (int g = 0; g < NH; ++g) {
+                    const float4 v = *reinterpret_cast<const float4*>(
+                        &Bs[buf][kk][g * (BN / NH) + tx * 4]);
+                    b[4 * g] = v.x; b[4 * g + 1] = v.y; b[4 * g + 2] = v.z; b[4 * g + 3] = v.w;
+                }
+#pragma unroll
+                for (int i = 0; i < TM; ++i)
+#pragma unroll
+                    for (int jj = 0; jj < TN; ++jj) acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
             }
-#pragma unroll
-            for (int g = 0; g < NH; ++g) {
-                const float4 v = *reinterpret_cast<const float4*>(&Bs[buf][kk][g * (BN / NH) + tx * 4]);
-                b[4 * g] = v.x; b[4 * g + 1] = v.y; b[4 * g + 2] = v.z; b[4 * g + 3] = v.w;
-            }
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int jj = 0; jj < TN; ++jj) acc[i][jj] = fmaf(a[i], b[jj], acc[i][jj]);
+            if (s + 1 < t1) store(buf ^ 1, ra[(d + 1) % PREFETCH], rb[(d + 1) % PREFETCH]);
+            __syncthreads();
         }
-        if (t + 1 < t1) store(buf ^ 1);
-        __syncthreads();
     }
 
     // sliced K: group 0 adds the other groups' sums in the order 1, 2, ..., KS-1 (the slab

@@ -1,0 +1,120 @@
+"""The strided 1x1 layers two ways, beside cuDNN: the one-launch GEMM on the strided input,
+and the input subsampled first (a dense copy of x[:, :, ::sh, ::sw]) then the same GEMM on
+the dense, stride-1 layer, the copy counted in the time.
+
+    python3 tools/gpu/stride2_1x1.py [BATCHES]   # default 1,32; $OUT/stride2_1x1.json
+
+Every output is checked against float64 (poisoned first) before it is timed with
+`bench.time_gpu_queued`; the subsample and the dense GEMM are also timed alone.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import convlab
+
+convlab.setup("gpu")
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from convlab import baselines, check, problems  # noqa: E402
+from convlab import bench as timing  # noqa: E402
+from convlab import reference as ref  # noqa: E402
+from convlab.kernels import conv_cuda  # noqa: E402
+from convlab.kernels import flat_igemm_cuda as F  # noqa: E402
+
+LAYERS = ("1x1 256->512 56x56/2", "1x1 512->1024 28x28/2", "1x1 1024->2048 14x14/2")
+
+
+def time_us(fn):
+    return 1e3 * timing.time_gpu_queued(fn, calls=50, repeat=7).median_ms
+
+
+def run_layer(layer, batch, rng):
+    torch = baselines.set_torch_precision("fp32")
+    prob = layer.with_batch(batch)
+    kw = prob.kwargs
+    p = ref.conv_params(prob.x_shape, prob.w_shape, **kw)
+    sh, sw = p.stride
+    xh, wh = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
+    case = check.reference_case(xh, wh, **kw)
+    x, w = cp.asarray(xh), cp.asarray(wh)
+    tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+    cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
+    xs = cp.empty((p.N, p.C, p.P, p.Q), cp.float32)
+    view = x[:, :, ::sh, ::sw][:, :, :p.P, :p.Q]
+
+    def subsample():
+        xs[...] = view
+
+    pd = ref.conv_params(xs.shape, prob.w_shape)
+    dense_tile = F.choose(pd)
+    runs = {"strided (rule)": lambda out: F.conv2d_flat_igemm_cuda(x, w, out, **kw),
+            "conv2d_cuda": lambda out: conv_cuda.conv2d_cuda(x, w, out, **kw),
+            "subsample + dense (rule)": lambda out: (subsample(),
+                                                     F.conv2d_flat_igemm_cuda(xs, w, out))}
+    for d in (1, 3, 4):   # slabs in flight (the default is F.PREFETCH)
+        fn = F.make_launcher(prefetch=d)
+        runs[f"strided (rule) prefetch {d}"] = lambda out, fn=fn: fn(x, w, out, **kw)
+        runs[f"subsample + dense (rule) prefetch {d}"] = (
+            lambda out, fn=fn: (subsample(), fn(xs, w, out)))
+    for ks in F.KS_CHOICES:
+        for target in (F.TARGET_BLOCKS, F.SMS):
+            blocks = ((p.K + 31) // 32) * ((p.N * p.P * p.Q + 31) // 32)
+            parts = F.split_parts(blocks, (p.C + F.BK - 1) // F.BK, target)
+            t = F.Tile(32, 32, parts if blocks < target else 1, ks)
+            if f"subsample + dense {t}" in runs:
+                continue
+            fn = F.make_launcher(t)
+            runs[f"subsample + dense {t}"] = (lambda out, fn=fn: (subsample(), fn(xs, w, out)))
+    row = dict(layer=layer.name, batch=batch, cudnn_us=cudnn, rule=str(F.choose(p)),
+               dense_rule=str(dense_tile), algorithm=conv_cuda.choose_algorithm(p), configs=[])
+    for name, fn in runs.items():
+        out = cp.asarray(check.poisoned(p.out_shape))
+        fn(out)
+        comp = check.compare(cp.asnumpy(out), case["expected"], case["absref"],
+                             reduction=case["reduction"])
+        entry = dict(name=name, ok=bool(comp.ok))
+        if comp.ok:
+            us = time_us(lambda fn=fn, out=out: fn(out))
+            entry.update(us=us, pct_cudnn=100 * cudnn / us)
+        else:
+            entry["error"] = comp.summary()
+        row["configs"].append(entry)
+    out = cp.empty(p.out_shape, cp.float32)
+    row["subsample_us"] = time_us(subsample)
+    row["dense_us"] = time_us(lambda: F.conv2d_flat_igemm_cuda(xs, w, out))
+    row["cudnn_us_after"] = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
+    return row
+
+
+def main(argv) -> int:
+    batches = [int(b) for b in (argv[0] if argv else "1,32").split(",")]
+    layers = {lay.name: lay for lay in problems.RESNET50}
+    rng = np.random.default_rng(1)
+    rows = []
+    for b in batches:
+        for n in LAYERS:
+            if n not in layers:
+                print(f"unknown layer {n}")
+                continue
+            row = run_layer(layers[n], b, rng)
+            rows.append(row)
+            print(f"\n{row['layer']} batch {b}: cuDNN {row['cudnn_us']:.1f} us (after "
+                  f"{row['cudnn_us_after']:.1f}); rule {row['rule']}, dense rule "
+                  f"{row['dense_rule']}; subsample {row['subsample_us']:.1f} us, dense GEMM "
+                  f"{row['dense_us']:.1f} us; conv2d_cuda picks {row['algorithm']}")
+            for c in row["configs"]:
+                cell = (f"{c['us']:7.1f} us {c['pct_cudnn']:5.0f}%" if c["ok"]
+                        else f"WRONG {c['error'][:60]}")
+                print(f"  {c['name']:<40} {cell}")
+    out = Path(os.environ.get("OUT", "."))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "stride2_1x1.json").write_text(json.dumps(dict(rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
