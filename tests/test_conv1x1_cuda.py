@@ -51,6 +51,11 @@ void run_grid_reversed(unsigned gx, unsigned gy, unsigned gz, unsigned nt, Body 
     return 0; }
 #define RUN_KS(BM_, BN_, MODE_) RUN(BM_, BN_, MODE_, 1) RUN(BM_, BN_, MODE_, 2) \
     RUN(BM_, BN_, MODE_, 4)
+extern "C" void run_subsample(unsigned gx, unsigned nt, const float* x, float* xs,
+                              const int* a) {
+    run_grid(gx, 1, 1, nt, [=] { flat_subsample(x, xs, a[0], a[1], a[2], a[3], a[4], a[5],
+                                                a[6]); });
+}
 extern "C" int run_flat(int bm, int bn, int mode, int ks, int reversed, unsigned gx,
                         unsigned gy, unsigned gz, unsigned nt, const float* x, const float* w,
                         float* y, float* ws, int* cnt, const int* a) {
@@ -330,6 +335,33 @@ class _HostArray:
                                              typestr=a.dtype.str, version=3)
 
 
+@pytest.mark.parametrize("shape, stride", [((2, 3, 9, 11), 2), ((1, 5, 8, 13), (2, 3)),
+                                           ((1, 2, 7, 7), 3)])
+def test_subsample_on_the_cpu(lib, shape, stride):
+    """flat_subsample copies x[:, :, ::sh, ::sw] out densely, every element, exactly."""
+    x = check.random_array(shape, np.random.default_rng(5))
+    p = ref.conv_params(shape, (4, shape[1], 1, 1), stride=stride)
+    a = F.subsample_args(p)
+    xs = check.poisoned(a["shape"])
+    ints = np.array(a["ints"], np.int32)
+    lib.run_subsample(*a["grid"], *a["block"], *(ctypes.c_void_p(v.ctypes.data)
+                                                   for v in (x, xs, ints)))
+    sh, sw = p.stride
+    assert np.array_equal(xs, x[:, :, ::sh, ::sw][:, :, :p.P, :p.Q])
+
+
+def test_subsample_rule_on_resnet50():
+    """At batch 1 only 256->512 56x56/2 is copied out first; at batch 32 all three strided
+    1x1 layers are (where the launcher is called on them: conv2d_cuda takes another path)."""
+    for b, want in ((1, {"1x1 256->512 56x56/2"}),
+                    (32, {"1x1 256->512 56x56/2", "1x1 512->1024 28x28/2"})):
+        got = {lay.name for lay in problems.RESNET50 if F.subsample_first(_params(lay, b))}
+        assert got == want, b
+    p = _params(next(lay for lay in problems.RESNET50 if lay.name == "1x1 256->512 56x56/2"), 1)
+    d = F.dense_params(p)
+    assert (d.H, d.W, d.stride, d.P, d.Q) == (28, 28, (1, 1), 28, 28)
+
+
 class _Buf(np.ndarray):
     """A NumPy array with a device address, for the launcher's workspace and counters."""
 
@@ -346,6 +378,15 @@ class _FakeModule:
         self.lib = lib
 
     def get_function(self, name):
+        if name == "flat_subsample":
+            def subsample(grid, block, args):
+                ptr = [ctypes.c_void_p(a.ctypes.data if isinstance(a, np.ndarray) else int(a))
+                       for a in args[:2]]
+                ints = np.array([int(v) for v in args[2:]], np.int32)
+                assert len(ints) == 7
+                self.lib.run_subsample(grid[0], block[0], *ptr,
+                                       ctypes.c_void_p(ints.ctypes.data))
+            return subsample
         bm, bn, mode, ks = (int(v) for v in name[name.index("<") + 1:-1].split(","))
 
         def launch(grid, block, args):
@@ -360,11 +401,17 @@ class _FakeModule:
         return launch
 
 
+SUBSAMPLED = ((1, 24, 8, 15), (20, 24, 1, 1), dict(stride=2))  # P*Q = 32: copied out first
+
+
 @pytest.mark.parametrize("tile", [None, F.Tile(32, 64, 3), F.Tile(32, 32, 2, 4)], ids=str)
-@pytest.mark.parametrize("shape, wshape, kw", [SHAPES[1], SPLIT_SHAPES[0], SHAPES[3]])
+@pytest.mark.parametrize("shape, wshape, kw", [SHAPES[1], SPLIT_SHAPES[0], SHAPES[3],
+                                               SUBSAMPLED])
 def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, wshape, kw):
     import sys
     import types
+
+    monkeypatch.setattr(F, "SUBSAMPLE_MIN", 100)   # the tiny strided case takes that path
 
     cp = types.SimpleNamespace(float32=np.float32, int32=np.int32,
                                empty=lambda n, t: np.full(n, np.nan, t).view(_Buf),
@@ -384,6 +431,7 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
     plan = next(iter(F._PLANS.values()))
     assert plan["tile"] == (tile or F.choose(p))
     assert depths == [F.prefetch_for(plan["slabs_per_part"])]  # built once, at its depth
+    assert (plan["subsample"] is not None) == (shape == SUBSAMPLED[0]), plan["subsample"]
     if plan["parts"] > 1:
         assert not plan["counters"].any()
 
@@ -395,11 +443,13 @@ def test_source_compiles():
         assert f".maxntid {t.threads}, 1, 1" in ptx
     # static shared memory of every entry, as declared in its PTX, within the 48 KiB that
     # a kernel may declare statically (ptxas refuses more at load time, not NVRTC here)
-    for body in ptx.split(".entry")[1:]:
+    bodies = ptx.split(".entry")[1:]
+    gemms = [b for b in bodies if "flat_subsample" not in b.split("(")[0]]
+    for body in gemms:
         decl = re.findall(r"\.shared \.align \d+ \.(?:b8|u32|b32) \S+?(?:\[(\d+)\])?;", body)
         total = sum(int(n) if n else 4 for n in decl)
         assert 0 < total <= F.STATIC_SMEM, (body[:80], total)
-    assert ptx.count(".entry") == len(F.KERNELS) * len(F.MODES)
+    assert len(gemms) == len(F.KERNELS) * len(F.MODES) and len(bodies) == len(gemms) + 1
     assert len(F.KERNELS) == len(F.TILES) * len(F.KS_CHOICES) - 1  # 64x64 ks4 does not fit
 
 
@@ -407,6 +457,7 @@ def test_source_compiles():
 @pytest.mark.parametrize("x, w, kw", [*SHAPES, SPLIT_SHAPES[1],
                                       ((1, 256, 14, 14), (1024, 256, 1, 1), {}),
                                       ((1, 1024, 14, 14), (2048, 1024, 1, 1), dict(stride=2)),
+                                      ((1, 256, 56, 56), (512, 256, 1, 1), dict(stride=2)),
                                       ((1, 3, 224, 224), (64, 3, 7, 7), dict(stride=2, padding=3))])
 def test_launcher_on_gpu(x, w, kw):
     from numba import cuda

@@ -20,6 +20,11 @@ Those few-tile grids also slice each slab's reduction inside the block (``KS`` g
 64 threads, `SMALL_GRID_KS`): each group multiplies BK/KS of a slab's rows into its own
 sums, group 0 adds the others' in a fixed order; the block loads each slab with KS times
 the threads, so an SM has KS times the warps to hide load and shared-memory latency.
+A small tile's slab is far shorter than a load's latency, so the loads of the next
+`prefetch_for` slabs (2, or 4 for long parts) are in flight while one is multiplied. A
+strided 1x1 layer with a large input reads its rows of x as scalars; `subsample_first`
+copies x[:, :, ::sh, ::sw] out densely first (a second, tiny launch) and runs the GEMM at
+stride 1 on it, with float4 rows.
 A launcher's workspace and counters belong to its shape: one stream at a time.
 
 NCHW float32, any stride / padding / dilation, groups 1. Needs CuPy.
@@ -27,7 +32,7 @@ NCHW float32, any stride / padding / dilation, groups 1. Needs CuPy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +191,36 @@ def flags_for(a, x, w, out, ws=None) -> int:
             | (4 if a["y_vec"] and aligned(out, ws) else 0))
 
 
+SUBSAMPLE_MIN = 2**17  # elements of the subsampled input from which it is made first
+
+
+def subsample_first(p) -> bool:
+    """A strided 1x1 layer whose subsampled input x[:, :, ::sh, ::sw] has SUBSAMPLE_MIN
+    elements or more, and rows the stride-1 GEMM reads as float4s (P*Q % 4 == 0): copy
+    it out densely first (one more launch), then run the GEMM at stride 1. On the H200 at
+    batch 1 that paid on 256->512 56x56/2 (200704 elements; 74 -> 81% of cuDNN) and lost
+    on 512->1024 28x28/2 (100352; 78 -> 76%): `tools/gpu/stride2_1x1.py`."""
+    return (mode_of(p) == 0 and p.stride != (1, 1) and p.P * p.Q % 4 == 0
+            and p.N * p.C * p.P * p.Q >= SUBSAMPLE_MIN)
+
+
+def dense_params(p):
+    """The stride-1 1x1 layer on the subsampled input: same N, C, K, P, Q."""
+    return replace(p, H=p.P, W=p.Q, stride=(1, 1))
+
+
+SUBSAMPLE_THREADS = 256
+
+
+def subsample_args(p) -> dict:
+    """Grid, block and int32 scalars of flat_subsample for ConvParams p (one thread per
+    element of the (N, C, P, Q) copy)."""
+    n = p.N * p.C * p.P * p.Q
+    return dict(grid=(ceil_div(n, SUBSAMPLE_THREADS),), block=(SUBSAMPLE_THREADS,),
+                shape=(p.N, p.C, p.P, p.Q),
+                ints=(p.N * p.C, p.H, p.W, p.P, p.Q, *p.stride))
+
+
 _PLANS: dict = {}
 
 
@@ -201,11 +236,19 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch):
                            groups)
     import cupy as cp
 
+    sub = subsample_args(p) if subsample_first(p) else None
+    if sub is not None:
+        p = dense_params(p)
     t = tile or choose(p)
     a = plan_args(p, t)
     prefetch = prefetch or prefetch_for(a["slabs_per_part"])
-    plan = dict(a, tile=t, prefetch=prefetch,
-                fn=_module(prefetch).get_function(t.name_expression(a["mode"])),
+    module = _module(prefetch)
+    if sub is not None:
+        sub.update(fn=module.get_function("flat_subsample"),
+                   ints=tuple(np.int32(v) for v in sub["ints"]),
+                   xs=cp.empty(sub["shape"], cp.float32))
+    plan = dict(a, tile=t, prefetch=prefetch, subsample=sub,
+                fn=module.get_function(t.name_expression(a["mode"])),
                 ints=tuple(np.int32(v) for v in a["ints"]),
                 ws=cp.empty(a["parts"] * a["n_out"], cp.float32) if a["parts"] > 1 else None,
                 counters=cp.zeros(a["tiles"], cp.int32) if a["parts"] > 1 else None)
@@ -229,6 +272,11 @@ def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda"
         ws, cnt = plan["ws"], plan["counters"]
         u64 = np.uint64
         null = u64(0)
+        sub = plan["subsample"]
+        if sub is not None:   # x[:, :, ::sh, ::sw] copied out; the GEMM runs at stride 1
+            sub["fn"](sub["grid"], sub["block"], (u64(_ptr(x)), u64(_ptr(sub["xs"])),
+                                                  *sub["ints"]))
+            x = sub["xs"]
         plan["fn"](plan["grid"], plan["block"],
                    (u64(_ptr(x)), u64(_ptr(w)), u64(_ptr(out)),
                     ws if ws is not None else null, cnt if cnt is not None else null,

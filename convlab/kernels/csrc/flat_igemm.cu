@@ -19,6 +19,9 @@
 // ws (y's layout); the last part of a tile to finish (a counter per tile) adds the slices
 // in the order 0, 1, ..., Z-1 into y and resets the counter to zero for the next launch:
 // the result does not depend on which part finishes first (run-to-run reproducible).
+// flat_subsample: a strided 1x1 layer's input as the dense (N, C, P, Q) array it reads,
+// xs[n, c, p, q] = x[n, c, p sh, q sw], for the launcher to run the GEMM at stride 1 on it
+// (B rows as float4s instead of four scalar loads each).
 // flags: 1 = A rows as float4 (L % 4 == 0, w aligned), 2 = B rows as float4 (MODE 0,
 // stride 1, P*Q % 4 == 0, x aligned), 4 = y stored as float4 (P*Q % 4 == 0, y and ws aligned).
 
@@ -294,4 +297,15 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
             for (int z = 1; z < parts; ++z) s += __ldcg(ws + z * n_out + o);
             y[o] = s;
         });
+}
+
+// One thread per element of xs (NC = N * C planes of P x Q).
+extern "C" __global__ void flat_subsample(const float* __restrict__ x, float* __restrict__ xs,
+                                          int NC, int H, int W, int P, int Q, int sh, int sw)
+{
+    const int PQ = P * Q;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= NC * PQ) return;
+    const int nc = i / PQ, pq = i - nc * PQ, p = pq / Q, q = pq - p * Q;
+    xs[i] = x[((size_t)nc * H + p * sh) * W + q * sw];
 }
