@@ -6,7 +6,8 @@ checked against float64 first): `ladder.run_resnet50`, results in $OUT/resnet50.
 
 Kernel names: the conv ladder's (`convlab.kernels.CONV_LADDER`) and the ones raced beside
 it (`convlab.ladder.beside_kernels`); the optional third argument keeps the layers whose
-name starts with it ("3x3", "1x1", "stem").
+name starts with it ("3x3", "1x1", "stem"). BUDGET_S=400: rows not started within 400 s
+are listed as skipped (batch by batch, so the first batch size is complete first).
 """
 
 import os
@@ -24,4 +25,6 @@ prefix = sys.argv[3] if len(sys.argv) > 3 else ""
 known = {**CONV_LADDER, **ladder.beside_kernels()}
 kernels = {k: known[k] for k in names.split(",")}
 layers = [lay for lay in problems.RESNET50 if lay.name.startswith(prefix)]
-ladder.run_resnet50(batches, os.environ.get("OUT", "."), kernels, repeat=8, layers=layers)
+budget = float(os.environ["BUDGET_S"]) if os.environ.get("BUDGET_S") else None  # rows not
+ladder.run_resnet50(batches, os.environ.get("OUT", "."), kernels, repeat=8, layers=layers,
+                    budget_s=budget)   # started after BUDGET_S seconds: listed as skipped
