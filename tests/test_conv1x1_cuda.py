@@ -436,6 +436,37 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
         assert not plan["counters"].any()
 
 
+def test_subsample_switch_on_the_cpu(lib, monkeypatch):
+    """Forced either way on a strided 1x1 layer: the same sums in the same order, so the
+    same bits; refused where there is nothing to subsample."""
+    import sys
+    import types
+
+    cp = types.SimpleNamespace(float32=np.float32, int32=np.int32,
+                               empty=lambda n, t: np.full(n, np.nan, t).view(_Buf),
+                               zeros=lambda n, t: np.zeros(n, t).view(_Buf))
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(F, "_module", lambda d: _FakeModule(lib))
+    monkeypatch.setattr(F, "_PLANS", {})
+    shape, wshape, kw = SUBSAMPLED
+    rng = np.random.default_rng(9)
+    x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
+    p = ref.conv_params(shape, wshape, **kw)
+    outs = []
+    for sub in (True, False):
+        out = check.poisoned(p.out_shape)
+        F.make_launcher(subsample=sub)(_HostArray(x), _HostArray(w), _HostArray(out), **kw)
+        assert_close_to_reference(out, x, w, **kw)
+        outs.append(out)
+    assert np.array_equal(*outs)
+    assert [pl["subsample"] is not None for pl in F._PLANS.values()] == [True, False]
+    x1, w1, kw1 = SHAPES[1]   # stride 1: nothing to subsample
+    with pytest.raises(ValueError, match="subsampled"):
+        F.make_launcher(subsample=True)(_HostArray(np.zeros(x1, np.float32)),
+                                        _HostArray(np.zeros(w1, np.float32)),
+                                        _HostArray(np.zeros((1, 33, 6, 10), np.float32)))
+
+
 @pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
 def test_source_compiles():
     ptx = F.compile_ptx()
@@ -469,6 +500,7 @@ def test_launcher_on_gpu(x, w, kw):
     results = []
     for fn in (F.conv2d_flat_igemm_cuda, F.make_launcher(F.Tile(32, 32, 3)),
                F.make_launcher(F.Tile(32, 32, 3, 4)), F.make_launcher(F.Tile(64, 64, 1, 2)),
+               F.make_launcher(subsample=False), F.make_launcher(prefetch=1),
                conv_cuda.conv2d_cuda):
         for _ in range(2):
             out = cuda.to_device(check.poisoned(p.out_shape))

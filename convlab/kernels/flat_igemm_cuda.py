@@ -224,9 +224,10 @@ def subsample_args(p) -> dict:
 _PLANS: dict = {}
 
 
-def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch):
+def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch, subsample):
     try:
-        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups, tile, prefetch)
+        key = (x.shape, w.shape, out.shape, stride, padding, dilation, groups, tile, prefetch,
+               subsample)
         plan = _PLANS.get(key)
     except TypeError:
         key, plan = None, None
@@ -236,7 +237,11 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch):
                            groups)
     import cupy as cp
 
-    sub = subsample_args(p) if subsample_first(p) else None
+    if subsample is None:
+        subsample = subsample_first(p)
+    elif subsample and (mode_of(p) != 0 or p.stride == (1, 1)):
+        raise ValueError("flat_igemm_cuda: only a strided 1x1 layer can be subsampled")
+    sub = subsample_args(p) if subsample else None
     if sub is not None:
         p = dense_params(p)
     t = tile or choose(p)
@@ -260,15 +265,15 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch):
 
 
 def make_launcher(tile: Tile | None = None, name: str = "conv2d_flat_igemm_cuda",
-                  prefetch: int | None = None):
+                  prefetch: int | None = None, subsample: bool | None = None):
     """A conv launcher (common signature): the tile `choose` picks per shape, or `tile`
     (its BM, BN, SPLIT and KS all forced, e.g. ``Tile(32, 32, 5, 4)``); `prefetch` slabs'
     loads in flight (default `prefetch_for` the part; the results do not depend on it, only
-    the time)."""
+    the time); `subsample` the input first or not (default `subsample_first`)."""
 
     @launcher
     def conv2d(x, w, out, stride=1, padding=0, dilation=1, groups=1):
-        plan = _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch)
+        plan = _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch, subsample)
         ws, cnt = plan["ws"], plan["counters"]
         u64 = np.uint64
         null = u64(0)

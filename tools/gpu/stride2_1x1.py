@@ -1,6 +1,7 @@
 """The strided 1x1 layers two ways, beside cuDNN: the one-launch GEMM on the strided input,
-and the input subsampled first (a dense copy of x[:, :, ::sh, ::sw]) then the same GEMM on
-the dense, stride-1 layer, the copy counted in the time.
+and the input subsampled first (a dense copy of x[:, :, ::sh, ::sw], here by CuPy) then the
+same GEMM on the dense, stride-1 layer, the copy counted in the time; and the launcher with
+its own rules (`flat_igemm_cuda.subsample_first`, `prefetch_for`).
 
     python3 tools/gpu/stride2_1x1.py [BATCHES]   # default 1,32; $OUT/stride2_1x1.json
 
@@ -51,13 +52,16 @@ def run_layer(layer, batch, rng):
 
     pd = ref.conv_params(xs.shape, prob.w_shape)
     dense_tile = F.choose(pd)
-    runs = {"strided (rule)": lambda out: F.conv2d_flat_igemm_cuda(x, w, out, **kw),
+    strided = F.make_launcher(subsample=False)
+    runs = {"launcher (its rules)": lambda out: F.conv2d_flat_igemm_cuda(x, w, out, **kw),
+            "strided": lambda out: strided(x, w, out, **kw),
             "conv2d_cuda": lambda out: conv_cuda.conv2d_cuda(x, w, out, **kw),
             "subsample + dense (rule)": lambda out: (subsample(),
                                                      F.conv2d_flat_igemm_cuda(xs, w, out))}
     for d in (1, 3, 4):   # slabs in flight (the default is F.PREFETCH)
         fn = F.make_launcher(prefetch=d)
-        runs[f"strided (rule) prefetch {d}"] = lambda out, fn=fn: fn(x, w, out, **kw)
+        runs[f"strided prefetch {d}"] = (
+            lambda out, fn=F.make_launcher(prefetch=d, subsample=False): fn(x, w, out, **kw))
         runs[f"subsample + dense (rule) prefetch {d}"] = (
             lambda out, fn=fn: (subsample(), fn(xs, w, out)))
     for ks in F.KS_CHOICES:
@@ -70,6 +74,7 @@ def run_layer(layer, batch, rng):
             fn = F.make_launcher(t)
             runs[f"subsample + dense {t}"] = (lambda out, fn=fn: (subsample(), fn(xs, w, out)))
     row = dict(layer=layer.name, batch=batch, cudnn_us=cudnn, rule=str(F.choose(p)),
+               subsample_first=F.subsample_first(p),
                dense_rule=str(dense_tile), algorithm=conv_cuda.choose_algorithm(p), configs=[])
     for name, fn in runs.items():
         out = cp.asarray(check.poisoned(p.out_shape))
