@@ -59,3 +59,24 @@ def test_errors_live_in_the_leaf_module():
         from convlab import cpu
 
         cpu.conv2d_loops(_rand((1, 2, 5, 5)), _rand((2, 1, 3, 3)), groups=2)
+
+
+@pytest.mark.parametrize("spoil", [None, "unwritten", "inf"])
+def test_compare_reports_the_errors_it_found(spoil):
+    """max_abs, max_rel and err are the float64 errors of the finite elements (err NaN where
+    an element was never written), whichever of compare's two paths the data takes."""
+    rng = np.random.default_rng(4)
+    exp = rng.standard_normal((7, 33))
+    absref = np.abs(exp) * rng.uniform(1, 3, exp.shape)
+    out = (exp + rng.uniform(-1, 1, exp.shape) * 1e-6 * absref).astype(np.float32)
+    if spoil == "unwritten":
+        out[3, 5] = check.POISON
+    elif spoil == "inf":
+        out[6, 0] = np.inf
+    c = check.compare(out, exp, absref, rtol=1e-4)
+    diff = np.abs(out.astype(np.float64) - exp)
+    keep = np.isfinite(diff)
+    assert c.max_abs == diff[keep].max()
+    assert c.max_rel == pytest.approx((diff[keep] / absref[keep]).max(), rel=1e-12)
+    assert np.array_equal(np.isnan(c.err), ~keep if spoil != "inf" else np.zeros_like(keep))
+    assert c.ok == (spoil is None) and c.bad == (spoil is not None)
