@@ -55,7 +55,7 @@ def random_array(shape, rng: np.random.Generator, dtype=np.float32) -> np.ndarra
     for axis, n in enumerate(shape):
         ramp = np.linspace(-0.5, 0.5, n).reshape([-1 if i == axis else 1
                                                    for i in range(len(shape))])
-        a = a + ramp * (axis + 1) / len(shape)
+        a += ramp * (axis + 1) / len(shape)   # in place: the same sums, no copy per axis
     return a.astype(dtype)
 
 
