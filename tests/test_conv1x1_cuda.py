@@ -225,13 +225,25 @@ def lib_prefetch(request):
 
 def test_prefetch_rule():
     """Deep (4 slabs) only for parts of 16 slabs or more; on ResNet-50's batch-1 1x1 layers
-    that is every part of 256 input channels or more (16 slabs of 16)."""
-    assert [F.prefetch_for(n) for n in (1, 4, 15, 16, 40)] == [2, 2, 2, 4, 4]
+    that is every part of 256 input channels or more (16 slabs of 16). Fewer where the sums
+    and the loads in flight would pass 96 registers: the 64x64 tile of batch 32 keeps 1."""
+    ks2 = F.Tile(32, 32, 1, 2)
+    assert [F.prefetch_for(ks2, n) for n in (1, 4, 15, 16, 40)] == [2, 2, 2, 4, 4]
+    floats = {str(t): t.slab_floats for t in F.KERNELS}
+    assert floats == {"64x64": 32, "64x64 ks2": 16, "32x64": 24, "32x64 ks2": 12,
+                      "32x64 ks4": 8, "32x32": 16, "32x32 ks2": 8, "32x32 ks4": 8}
+    assert [t.sums for t in F.KERNELS] == [64, 64, 32, 32, 32, 16, 16, 16]
+    assert [F.prefetch_for(t, 40) for t in F.KERNELS] == [1, 2, 2, 4, 4, 4, 4, 4]
     for lay in problems.RESNET50:
         p = _params(lay, 1)
         if lay.name.startswith("1x1"):
-            per = F.plan_args(p, F.choose(p))["slabs_per_part"]
-            assert F.prefetch_for(per) == (4 if p.C >= 256 else 2), lay.name
+            t = F.choose(p)
+            per = F.plan_args(p, t)["slabs_per_part"]
+            assert F.prefetch_for(t, per) == (4 if p.C >= 256 else 2), lay.name
+        for b in (32, 128):   # the large tiles, as before the deeper pipeline: 1
+            t = F.choose(_params(lay, b))
+            if (t.BM, t.BN) == (64, 64):
+                assert F.prefetch_for(t, 40) == 1, lay.name
 
 
 @pytest.mark.parametrize("tile", [F.Tile(32, 32), F.Tile(32, 32, 3, 2), F.Tile(64, 64, 1, 2)],
@@ -430,7 +442,7 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
         assert_close_to_reference(out, x, w, **kw)
     plan = next(iter(F._PLANS.values()))
     assert plan["tile"] == (tile or F.choose(p))
-    assert depths == [F.prefetch_for(plan["slabs_per_part"])]  # built once, at its depth
+    assert depths == [F.prefetch_for(plan["tile"], plan["slabs_per_part"])]  # built once
     assert (plan["subsample"] is not None) == (shape == SUBSAMPLED[0]), plan["subsample"]
     if plan["parts"] > 1:
         assert not plan["counters"].any()

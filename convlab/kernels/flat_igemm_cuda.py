@@ -21,7 +21,8 @@ Those few-tile grids also slice each slab's reduction inside the block (``KS`` g
 sums, group 0 adds the others' in a fixed order; the block loads each slab with KS times
 the threads, so an SM has KS times the warps to hide load and shared-memory latency.
 A small tile's slab is far shorter than a load's latency, so the loads of the next
-`prefetch_for` slabs (2, or 4 for long parts) are in flight while one is multiplied. A
+`prefetch_for` slabs (2, or 4 for long parts; fewer where a thread's sums and loads would
+pass 96 registers, as on the 64x64 tile) are in flight while one is multiplied. A
 strided 1x1 layer with a large input reads its rows of x as scalars; `subsample_first`
 copies x[:, :, ::sh, ::sw] out densely first (a second, tiny launch) and runs the GEMM at
 stride 1 on it, with float4 rows.
@@ -56,9 +57,21 @@ class Tile:
     KS: int = 1
 
     @property
+    def sums(self) -> int:
+        """Outputs (fp32 accumulators) per thread: 8 x 8, 4 x 8 or 4 x 4."""
+        return (8 if self.BM >= 64 else 4) * (8 if self.BN >= 64 else 4)
+
+    @property
     def threads(self) -> int:
-        tm, tn = (8 if self.BM >= 64 else 4), (8 if self.BN >= 64 else 4)
-        return self.KS * (self.BM // tm) * (self.BN // tn)
+        return self.KS * self.BM * self.BN // self.sums
+
+    @property
+    def slab_floats(self) -> int:
+        """Floats of one slab's loads a thread holds in registers (the source's
+        4 * (A_F4 + B_F4))."""
+        a_f4 = ceil_div(self.BM * BK // 4, self.threads)
+        b_f4 = ceil_div(BK, self.threads // (self.BN // 4))
+        return 4 * (a_f4 + b_f4)
 
     def name_expression(self, mode: int) -> str:
         return f"flat_igemm<{self.BM}, {self.BN}, {mode}, {self.KS}>"
@@ -129,14 +142,22 @@ def choose(p, ks: int | None = None) -> Tile:
 
 PREFETCH = 2  # slabs whose loads are in flight (the source's default PREFETCH)
 DEEP_PREFETCH, DEEP_MIN_SLABS = 4, 16  # ... and for parts of at least 16 slabs
+MAX_THREAD_FLOATS = 96  # a thread's sums plus its loads in flight, at most
 
 
-def prefetch_for(slabs_per_part: int) -> int:
+def prefetch_for(tile: Tile, slabs_per_part: int) -> int:
     """Slabs whose loads a part keeps in flight: 4 where it reduces 16 slabs or more, else
-    2 (a short part spends its first slabs filling a deep pipeline). Chosen on the H200's
-    batch-1 ResNet-50 layers with `tools/gpu/flat_ks.py`: 2 was at least as fast as 1 on
-    each, 4 faster than 2 on the parts of 16 slabs and more."""
-    return DEEP_PREFETCH if slabs_per_part >= DEEP_MIN_SLABS else PREFETCH
+    2 (a short part spends its first slabs filling a deep pipeline), fewer (down to 1)
+    while the thread's sums and those loads would pass MAX_THREAD_FLOATS registers.
+    Chosen on the H200 (`results/h200_flat_prefetch_2026-12-03.txt`): on the batch-1
+    ResNet-50 layers (32x32 tiles; `tools/gpu/flat_ks.py`) 2 was at least as fast as 1 on
+    each and 4 faster than 2 on the parts of 16 slabs and more; at batch 32 and 128 the
+    tiles at 128 floats and more (64x64 at 2 and 4, 32x64 at 4) ran 1.13-2x slower than
+    at 1, the 32x32 tile at 80 (4 slabs) 5% faster."""
+    depth = DEEP_PREFETCH if slabs_per_part >= DEEP_MIN_SLABS else PREFETCH
+    while depth > 1 and tile.sums + depth * tile.slab_floats > MAX_THREAD_FLOATS:
+        depth -= 1
+    return depth
 
 
 _MODULES: dict = {}
@@ -246,7 +267,7 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch, subsampl
         p = dense_params(p)
     t = tile or choose(p)
     a = plan_args(p, t)
-    prefetch = prefetch or prefetch_for(a["slabs_per_part"])
+    prefetch = prefetch or prefetch_for(t, a["slabs_per_part"])
     module = _module(prefetch)
     if sub is not None:
         sub.update(fn=module.get_function("flat_subsample"),
