@@ -1,12 +1,13 @@
 """The strided 1x1 layers two ways, beside cuDNN: the one-launch GEMM on the strided input,
-and the input subsampled first (a dense copy of x[:, :, ::sh, ::sw], here by CuPy) then the
-same GEMM on the dense, stride-1 layer, the copy counted in the time; and the launcher with
-its own rules (`flat_igemm_cuda.subsample_first`, `prefetch_for`).
+and with the input subsampled first (`flat_igemm_cuda.make_launcher(subsample=True)`: a
+dense copy of x[:, :, ::sh, ::sw], then the GEMM at stride 1, both launches timed), each at
+the rule's prefetch depth and at 1, 2 and 4; the launcher with its own rules
+(`subsample_first`, `prefetch_for`); and the dense GEMM alone, on a copy made beforehand.
 
     python3 tools/gpu/stride2_1x1.py [BATCHES]   # default 1,32; $OUT/stride2_1x1.json
 
 Every output is checked against float64 (poisoned first) before it is timed with
-`bench.time_gpu_queued`; the subsample and the dense GEMM are also timed alone.
+`bench.time_gpu_queued`.
 """
 
 import json
@@ -44,52 +45,31 @@ def run_layer(layer, batch, rng):
     x, w = cp.asarray(xh), cp.asarray(wh)
     tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
     cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
-    xs = cp.empty((p.N, p.C, p.P, p.Q), cp.float32)
-    view = x[:, :, ::sh, ::sw][:, :, :p.P, :p.Q]
-
-    def subsample():
-        xs[...] = view
-
-    pd = ref.conv_params(xs.shape, prob.w_shape)
-    dense_tile = F.choose(pd)
-    strided = F.make_launcher(subsample=False)
-    runs = {"launcher (its rules)": lambda out: F.conv2d_flat_igemm_cuda(x, w, out, **kw),
-            "strided": lambda out: strided(x, w, out, **kw),
-            "conv2d_cuda": lambda out: conv_cuda.conv2d_cuda(x, w, out, **kw),
-            "subsample + dense (rule)": lambda out: (subsample(),
-                                                     F.conv2d_flat_igemm_cuda(xs, w, out))}
-    for d in (1, 3, 4):   # slabs in flight (the default is F.PREFETCH)
-        fn = F.make_launcher(prefetch=d)
-        runs[f"strided prefetch {d}"] = (
-            lambda out, fn=F.make_launcher(prefetch=d, subsample=False): fn(x, w, out, **kw))
-        runs[f"subsample + dense (rule) prefetch {d}"] = (
-            lambda out, fn=fn: (subsample(), fn(xs, w, out)))
-    for ks in F.KS_CHOICES:
-        for target in (F.TARGET_BLOCKS, F.SMS):
-            blocks = ((p.K + 31) // 32) * ((p.N * p.P * p.Q + 31) // 32)
-            parts = F.split_parts(blocks, (p.C + F.BK - 1) // F.BK, target)
-            t = F.Tile(32, 32, parts if blocks < target else 1, ks)
-            if f"subsample + dense {t}" in runs:
-                continue
-            fn = F.make_launcher(t)
-            runs[f"subsample + dense {t}"] = (lambda out, fn=fn: (subsample(), fn(xs, w, out)))
+    xs = cp.ascontiguousarray(x[:, :, ::sh, ::sw][:, :, :p.P, :p.Q])   # for the dense GEMM
+    runs = {"launcher (its rules)": F.conv2d_flat_igemm_cuda,
+            "conv2d_cuda": conv_cuda.conv2d_cuda}
+    for sub in (False, True):
+        name = "subsampled" if sub else "strided"
+        runs[name] = F.make_launcher(subsample=sub)
+        for d in (1, 2, 4):
+            runs[f"{name} prefetch {d}"] = F.make_launcher(prefetch=d, subsample=sub)
     row = dict(layer=layer.name, batch=batch, cudnn_us=cudnn, rule=str(F.choose(p)),
                subsample_first=F.subsample_first(p),
-               dense_rule=str(dense_tile), algorithm=conv_cuda.choose_algorithm(p), configs=[])
+               dense_rule=str(F.choose(ref.conv_params(xs.shape, prob.w_shape))),
+               algorithm=conv_cuda.choose_algorithm(p), configs=[])
     for name, fn in runs.items():
         out = cp.asarray(check.poisoned(p.out_shape))
-        fn(out)
+        fn(x, w, out, **kw)
         comp = check.compare(cp.asnumpy(out), case["expected"], case["absref"],
                              reduction=case["reduction"])
         entry = dict(name=name, ok=bool(comp.ok))
         if comp.ok:
-            us = time_us(lambda fn=fn, out=out: fn(out))
+            us = time_us(lambda fn=fn, out=out: fn(x, w, out, **kw))
             entry.update(us=us, pct_cudnn=100 * cudnn / us)
         else:
             entry["error"] = comp.summary()
         row["configs"].append(entry)
     out = cp.empty(p.out_shape, cp.float32)
-    row["subsample_us"] = time_us(subsample)
     row["dense_us"] = time_us(lambda: F.conv2d_flat_igemm_cuda(xs, w, out))
     row["cudnn_us_after"] = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
     return row
@@ -109,7 +89,7 @@ def main(argv) -> int:
             rows.append(row)
             print(f"\n{row['layer']} batch {b}: cuDNN {row['cudnn_us']:.1f} us (after "
                   f"{row['cudnn_us_after']:.1f}); rule {row['rule']}, dense rule "
-                  f"{row['dense_rule']}; subsample {row['subsample_us']:.1f} us, dense GEMM "
+                  f"{row['dense_rule']}; dense GEMM alone "
                   f"{row['dense_us']:.1f} us; conv2d_cuda picks {row['algorithm']}")
             for c in row["configs"]:
                 cell = (f"{c['us']:7.1f} us {c['pct_cudnn']:5.0f}%" if c["ok"]
