@@ -220,7 +220,7 @@ def subsample_first(p) -> bool:
     elements or more, and rows the stride-1 GEMM reads as float4s (P*Q % 4 == 0): copy
     it out densely first (one more launch), then run the GEMM at stride 1. On the H200 at
     batch 1 that paid on 256->512 56x56/2 (200704 elements; 74 -> 81% of cuDNN) and lost
-    on 512->1024 28x28/2 (100352; 78 -> 76%): `tools/gpu/stride2_1x1.py`."""
+    on 512->1024 28x28/2 (100352; 78 -> 76%): `tools/gpu/flat_ks.py` with SUBSAMPLE=0,1."""
     return (mode_of(p) == 0 and p.stride != (1, 1) and p.P * p.Q % 4 == 0
             and p.N * p.C * p.P * p.Q >= SUBSAMPLE_MIN)
 

@@ -6,6 +6,9 @@
     TILES=all python3 tools/gpu/flat_ks.py ...         # 32x64 and 64x64 tiles as well
     PREFETCH=1,2,3,4 python3 tools/gpu/flat_ks.py all  # the rule's tile at each prefetch
                                                        # depth instead (all: + the stem)
+    SUBSAMPLE=0,1 python3 tools/gpu/flat_ks.py "1x1 256->512 56x56/2"   # strided 1x1 layers
+                 # with the input subsampled first or not (with PREFETCH: at each depth)
+    BATCH=32 ...                                       # another batch size than 1
 
 Per layer: cuDNN fp32 (TF32 off), the rule (`flat_igemm_cuda.choose`), and the 32x32 tile
 forced to KS = 1, 2, 4 groups of 64 threads, each with the reduction split towards 4, 2 or
@@ -64,7 +67,7 @@ def time_us(fn):
 
 def run_layer(layer, rng):
     torch = baselines.set_torch_precision("fp32")
-    prob = layer.with_batch(1)
+    prob = layer.with_batch(int(os.environ.get("BATCH", 1)))
     p = ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
     xh, wh = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
     case = check.reference_case(xh, wh, **prob.kwargs)
@@ -74,9 +77,17 @@ def run_layer(layer, rng):
     cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
     row = dict(layer=layer.name, cudnn_us=cudnn, rule=str(F.choose(p)), configs=[])
     runs = {"rule": (F.choose(p), F.conv2d_flat_igemm_cuda)}
-    if os.environ.get("PREFETCH"):   # the rule's tile, slabs in flight 1, 2, ...
-        runs.update({f"rule prefetch {d}": (F.choose(p), F.make_launcher(prefetch=int(d)))
-                     for d in os.environ["PREFETCH"].split(",")})
+    depths, subs = os.environ.get("PREFETCH"), os.environ.get("SUBSAMPLE")
+    if depths or subs:   # the rule's tile: slabs in flight 1, 2, ...; subsampled or not
+        strided_1x1 = F.mode_of(p) == 0 and p.stride != (1, 1)
+        for d in depths.split(",") if depths else [None]:
+            for sub in [bool(int(v)) for v in subs.split(",")] if subs else [None]:
+                if sub and not strided_1x1:
+                    continue   # nothing to subsample
+                name = ("rule" + (f" prefetch {d}" if d else "")
+                        + (f" subsample {int(sub)}" if sub is not None else ""))
+                runs[name] = (F.choose(p), F.make_launcher(
+                    prefetch=int(d) if d else None, subsample=sub))
     else:
         runs.update({name: (t, F.make_launcher(t)) for name, t in tiles_for(p).items()})
     for name, (tile, fn) in runs.items():
