@@ -389,9 +389,10 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                     repeat: int = 10, seed: int = 1, clock=None,
                     budget_s: float | None = None, progress: bool = False) -> dict:
     """Time `kernels` and cuDNN fp32 on each layer (a name or a `ConvProblem`) at each batch
-    size, every output checked against float64 first. budget_s: stop starting new rows
-    after that many seconds (the first always runs; the rows not run are listed in
-    "skipped"), and run batch by batch, so the first batch size is complete first."""
+    size, every output checked against float64 first (on the GPU where CuPy is there).
+    budget_s: stop starting new rows after that many seconds (the first always runs; the
+    rows not run are listed in "skipped"), and run batch by batch, so the first batch size
+    is complete first. Each row keeps the seconds it took, per kernel and for its setup."""
     import time
 
     timer = clock.time_gpu if clock is not None else bench.time_gpu_queued
@@ -404,6 +405,9 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
     rows, skipped = [], []
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
+    gpu_check = baselines.torch_available() and baselines.cupy_available()
+    if gpu_check:   # outputs checked where they are: 10^8 elements per layer at batch 128
+        import cupy
     layers = [problems.conv_layer(n) if isinstance(n, str) else n for n in layers]
     todo = ([(lay, nb) for nb in batches for lay in layers] if budget_s else
             [(lay, nb) for lay in layers for nb in batches])
@@ -413,11 +417,13 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
             break
         if progress:
             print(f"[{i + 1}/{len(todo)}] {layer.name} batch {nb}", flush=True)
+        t_row = time.perf_counter()
         prob = layer.with_batch(nb)
         x = check.random_array(prob.x_shape, rng)
         w = check.random_array(prob.w_shape, rng)
-        expected, absref = _conv_reference(x, w, prob.kwargs)
-        row = dict(layer=layer.name, batch=nb, ms={}, pct_cudnn={}, errors={})
+        expected, absref = _conv_reference(x, w, prob.kwargs, on_gpu=gpu_check)
+        row = dict(layer=layer.name, batch=nb, ms={}, pct_cudnn={}, errors={},
+                   seconds={})
         impls = dict(kernels)
         timings = {}
         if baselines.torch_available():
@@ -431,19 +437,22 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                 except Exception as e:  # noqa: BLE001  (the profiler is optional)
                     row["cudnn_algorithm"] = f"unknown ({type(e).__name__})"
         xd, wd = c.to_device(x), c.to_device(w)
+        row["seconds"]["inputs, reference, cuDNN"] = time.perf_counter() - t_row
         for kname, fn in impls.items():
+            t_k = time.perf_counter()
             try:
                 out = c.to_device(check.poisoned(prob.out_shape))
                 fn(xd, wd, out, **prob.kwargs)
                 c.synchronize()
-                comp = check.compare(out.copy_to_host(), expected, absref,
-                                     prob.C * prob.R * prob.S)
+                comp = check.compare(cupy.asarray(out) if gpu_check else out.copy_to_host(),
+                                     expected, absref, prob.C * prob.R * prob.S)
                 if not comp.ok:
                     raise check.CheckError(comp.summary())
                 timings[kname] = timer(fn, xd, wd, out, repeat=repeat,
                                        **prob.kwargs).median_ms
             except Exception as e:  # noqa: BLE001
                 row["errors"][kname] = f"{type(e).__name__}: {e}"[:300]
+            row["seconds"][kname] = time.perf_counter() - t_k   # first call: + compile
         base = timings.get("cuDNN fp32")
         for k, ms in timings.items():
             row["ms"][k] = ms
@@ -499,6 +508,11 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
     result["resnet50"] = sweep
     print_results({"batch_sweep": sweep})
     print(sweep_summary_table(sweep["summary"]))
+    spent: dict = {}
+    for row in sweep["rows"]:
+        for k, sec in row.get("seconds", {}).items():
+            spent[k] = spent.get(k, 0.0) + sec
+    print("seconds spent: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
     for s in sweep["skipped"]:
         print(f"not run (time budget): {s}")
     if out_dir:
@@ -511,8 +525,9 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
     return result
 
 
-def _conv_reference(x, w, kw):
-    """conv(x, w) and conv(|x|, |w|) in float64: PyTorch on the GPU when it can."""
+def _conv_reference(x, w, kw, on_gpu: bool = False):
+    """conv(x, w) and conv(|x|, |w|) in float64: PyTorch on the GPU when it can; on_gpu:
+    left there as CuPy arrays, for `check.compare` on the GPU."""
     import numpy as np
 
     from . import baselines
@@ -523,9 +538,12 @@ def _conv_reference(x, w, kw):
 
         F = torch.nn.functional
         xt, wt = torch.from_numpy(x).cuda().double(), torch.from_numpy(w).cuda().double()
-        y = F.conv2d(xt, wt, **kw).cpu().numpy()
-        ya = F.conv2d(xt.abs(), wt.abs(), **kw).cpu().numpy()
-        return y, ya
+        y, ya = F.conv2d(xt, wt, **kw), F.conv2d(xt.abs(), wt.abs(), **kw)
+        if on_gpu:
+            import cupy
+
+            return cupy.asarray(y), cupy.asarray(ya)
+        return y.cpu().numpy(), ya.cpu().numpy()
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     return ref.conv2d_im2col(x64, w64, **kw), ref.conv2d_im2col(np.abs(x64), np.abs(w64), **kw)
 

@@ -80,3 +80,29 @@ def test_compare_reports_the_errors_it_found(spoil):
     assert c.max_rel == pytest.approx((diff[keep] / absref[keep]).max(), rel=1e-12)
     assert np.array_equal(np.isnan(c.err), ~keep if spoil != "inf" else np.zeros_like(keep))
     assert c.ok == (spoil is None) and c.bad == (spoil is not None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("spoil", [None, "wrong", "unwritten", "inf"])
+def test_compare_on_the_gpu_reports_what_the_host_reports(spoil):
+    """CuPy arrays are compared on the GPU (the batch sweep's check): every count, index,
+    error and message equal to the host comparison's."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    exp = rng.standard_normal((3, 5, 17, 11))
+    absref = np.abs(exp) * rng.uniform(1, 3, exp.shape)
+    out = (exp + rng.uniform(-1, 1, exp.shape) * 1e-6 * absref).astype(np.float32)
+    if spoil == "wrong":
+        out[1, 2, 3, 4] += 1.0
+    elif spoil == "unwritten":
+        out[2, 4, 16, 3:7] = check.POISON
+    elif spoil == "inf":
+        out[0, 0, 5, 10] = -np.inf
+    host = check.compare(out, exp, absref, reduction=300)
+    gpu = check.compare(cp.asarray(out), cp.asarray(exp), cp.asarray(absref), reduction=300)
+    assert check.array_module(cp.asarray(out)) is cp and check.array_module(out) is np
+    for name in ("ok", "not_written", "nonfinite", "bad", "first_bad", "max_abs", "max_rel",
+                 "rtol", "messages"):
+        assert getattr(gpu, name) == getattr(host, name), name
+    assert np.array_equal(cp.asnumpy(gpu.err), host.err, equal_nan=True)
+    assert host.ok == (spoil is None)

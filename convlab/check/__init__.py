@@ -45,6 +45,7 @@ from .core import (
     POISON,
     POISON_BITS,
     Comparison,
+    array_module,
     call,
     compare,
     learner_call,
@@ -68,7 +69,7 @@ from .values import (
 
 __all__ = [
     "ANSWER_GUARDS", "EPS", "POISON", "POISON_BITS", "BlockRun", "CheckError", "Comparison",
-    "call",
+    "array_module", "call",
     "check_bank_conflicts", "check_coalesced", "check_col2im", "check_conv2d",
     "check_conv2d_case", "check_conv2d_fp16", "check_conv2d_nhwc", "check_crossover",
     "check_depthwise", "check_filter2d", "check_filter2d_large", "check_gemm",

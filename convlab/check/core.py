@@ -41,6 +41,15 @@ POISON = POISON_BITS.view(np.float32)
 EPS = {"fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
+def array_module(a):
+    """CuPy for a CuPy array (without importing CuPy otherwise), else NumPy."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
 def poisoned(shape, dtype=np.float32) -> np.ndarray:
     """An array of `shape` filled with the 'not written' marker NaN."""
     return np.full(shape, POISON, dtype=dtype)
@@ -81,7 +90,7 @@ class Comparison:
 
     def error_map(self) -> np.ndarray:
         """|error| reduced to the last two axes (max over the others); NaN where unwritten."""
-        e = self.err
+        e = self.err if isinstance(self.err, np.ndarray) else self.err.get()  # CuPy
         while e.ndim > 2:
             e = np.nanmax(e, axis=0) if np.isfinite(e).any() else e[0]
         return e
@@ -105,61 +114,63 @@ def compare(out, expected, absref=None, reduction: int = 1, precision: str = "fp
 
     absref: ``conv(|x|, |w|)`` (the sum of absolute products behind each element);
     the tolerance on element i is ``rtol · absref[i]``, with rtol from the precision and
-    the reduction length unless given.
+    the reduction length unless given. CuPy arrays are compared on the GPU, in the same
+    float64 steps (the same results; `err` is then a CuPy array).
     """
-    out = np.asarray(out)
-    expected = np.asarray(expected, dtype=np.float64)
+    xp = array_module(out)          # NumPy, or CuPy for outputs left on the GPU
+    out = xp.asarray(out)
+    expected = xp.asarray(expected, dtype=xp.float64)
     if out.shape != expected.shape:
         return Comparison(out.shape, False, messages=[
             f"wrong output shape {out.shape}, expected {expected.shape}"])
     if absref is None:
-        absref = np.abs(expected)
+        absref = xp.abs(expected)
     if rtol is None:
         rtol = 2.5 * (0.0 if precision == "fp32" else EPS[precision]) + 8 * EPS["fp32"] * max(
             1.0, np.sqrt(reduction))
     # whole-array passes with few temporaries: outputs of 10^8 elements are checked here
-    absref = np.asarray(absref, np.float64)
+    absref = xp.asarray(absref, xp.float64)
     scaled = absref + 1e-30          # absref + 1e-30, then tol, then the relative error
-    tol = np.multiply(absref, rtol, out=np.empty_like(scaled))
+    tol = xp.multiply(absref, rtol, out=xp.empty_like(scaled))
     tol += 1e-30
     c = Comparison(out.shape, True, rtol=rtol)
-    unwritten = out.view(np.uint32) == POISON_BITS if out.dtype == np.float32 else np.zeros(
-        out.shape, bool)
-    nonfinite = ~np.isfinite(out)
+    unwritten = (out.view(xp.uint32) == int(POISON_BITS) if out.dtype == xp.float32 else
+                 xp.zeros(out.shape, bool))
+    nonfinite = ~xp.isfinite(out)
     nonfinite &= ~unwritten
-    diff = out.astype(np.float64)
+    diff = out.astype(xp.float64)
     diff -= expected
-    np.abs(diff, out=diff)           # NaN where unwritten (the marker is a NaN) or non-finite
+    xp.abs(diff, out=diff)           # NaN where unwritten (the marker is a NaN) or non-finite
     bad = ~(diff <= tol)             # NaN diff is bad
     bad |= unwritten
     bad |= nonfinite
     del tol
     c.err = diff
     c.not_written, c.nonfinite, c.bad = int(unwritten.sum()), int(nonfinite.sum()), int(bad.sum())
-    finite = np.isfinite(diff)
-    if finite.all():
+    finite = xp.isfinite(diff)
+    if bool(finite.all()):
         c.max_abs = float(diff.max())
-        c.max_rel = float(np.divide(diff, scaled, out=scaled).max())
-    elif finite.any():
+        c.max_rel = float(xp.divide(diff, scaled, out=scaled).max())
+    elif bool(finite.any()):
         c.max_abs = float(diff[finite].max())
         c.max_rel = float((diff[finite] / scaled[finite]).max())
     if c.bad:
         c.ok = False
-        c.first_bad = tuple(int(i) for i in np.argwhere(bad)[0])
+        c.first_bad = tuple(int(i) for i in xp.argwhere(bad)[0])
         if c.not_written == out.size:
             c.messages.append(f"nothing was written: all {out.size} outputs still hold the "
                               "'not written' marker (not implemented yet?)")
         elif c.not_written:
-            first = tuple(int(i) for i in np.argwhere(unwritten)[0])
+            first = tuple(int(i) for i in xp.argwhere(unwritten)[0])
             c.messages.append(f"{c.not_written} of {out.size} outputs were never written, "
                               f"first at index {first}")
         if c.nonfinite:
-            first = tuple(int(i) for i in np.argwhere(nonfinite)[0])
+            first = tuple(int(i) for i in xp.argwhere(nonfinite)[0])
             c.messages.append(f"{c.nonfinite} outputs are NaN or Inf, first at index {first} "
                               f"(value {out[first]})")
         wrong = c.bad - c.not_written - c.nonfinite
         if wrong:
-            idx = tuple(int(i) for i in np.argwhere(bad & ~unwritten & ~nonfinite)[0])
+            idx = tuple(int(i) for i in xp.argwhere(bad & ~unwritten & ~nonfinite)[0])
             c.messages.append(
                 f"{wrong} of {out.size} outputs are wrong, first at index {idx}: got "
                 f"{float(out[idx]):.6g}, expected {float(expected[idx]):.6g} (max abs err "
