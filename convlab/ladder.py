@@ -387,12 +387,14 @@ def sweep_kernels() -> dict:
 
 def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                     repeat: int = 10, seed: int = 1, clock=None,
-                    budget_s: float | None = None, progress: bool = False) -> dict:
+                    budget_s: float | None = None, progress: bool = False,
+                    on_row=None) -> dict:
     """Time `kernels` and cuDNN fp32 on each layer (a name or a `ConvProblem`) at each batch
     size, every output checked against float64 first (on the GPU where CuPy is there).
     budget_s: stop starting new rows after that many seconds (the first always runs; the
     rows not run are listed in "skipped"), and run batch by batch, so the first batch size
-    is complete first. Each row keeps the seconds it took, per kernel and for its setup."""
+    is complete first. Each row keeps the seconds it took, per kernel and for its setup.
+    on_row(partial sweep) runs after every row (a checkpoint for runs that may be cut off)."""
     import time
 
     timer = clock.time_gpu if clock is not None else bench.time_gpu_queued
@@ -458,6 +460,8 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
             row["ms"][k] = ms
             row["pct_cudnn"][k] = 100 * base / ms if base else None
         rows.append(row)
+        if on_row is not None:
+            on_row(dict(batches=list(batches), rows=rows, skipped=[]))
     return dict(batches=list(batches), rows=rows, skipped=skipped)
 
 
@@ -500,10 +504,18 @@ def sweep_summary_table(summary: dict) -> str:
 def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int = 10,
                  budget_s: float | None = None, clock=None, layers=problems.RESNET50) -> dict:
     """`run_batch_sweep` over every distinct conv of ResNet-50 (`problems.RESNET50`, or the
-    `layers` given), with `sweep_summary`; saved as resnet50.json in out_dir."""
+    `layers` given), with `sweep_summary`; saved as resnet50.json in out_dir (and, row by
+    row while it runs, as resnet50.partial.json)."""
     result = environment()
+    out = Path(out_dir) if out_dir else None
+
+    def checkpoint(partial):   # the rows so far, should the run be cut off
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resnet50.partial.json").write_text(json.dumps({**result, "resnet50": partial}))
+
     sweep = run_batch_sweep(layers, batches, kernels, repeat=repeat, clock=clock,
-                            budget_s=budget_s, progress=True)
+                            budget_s=budget_s, progress=True,
+                            on_row=checkpoint if out else None)
     sweep["summary"] = sweep_summary(sweep)
     result["resnet50"] = sweep
     print_results({"batch_sweep": sweep})
@@ -515,10 +527,10 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
     print("seconds spent: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
     for s in sweep["skipped"]:
         print(f"not run (time budget): {s}")
-    if out_dir:
-        out = Path(out_dir)
+    if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resnet50.json").write_text(json.dumps(result, indent=1))
+        (out / "resnet50.partial.json").unlink(missing_ok=True)
         for b in sweep["batches"]:
             plot_layer_sweep(sweep, b, f"{result['device']}: ResNet-50 layers, batch {b}",
                              out / f"resnet50_batch{b}.png")

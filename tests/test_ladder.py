@@ -188,6 +188,35 @@ def test_batch_sweep_stops_starting_rows_after_its_budget():
     assert res["skipped"] == ["tiny2 batch 1", "tiny batch 2", "tiny2 batch 2"]
 
 
+def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monkeypatch):
+    """run_resnet50 writes the rows so far after each row (a run cut off keeps them), then
+    the whole file, and every row says where its seconds went."""
+    from convlab.kernels import CONV_LADDER
+
+    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
+              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
+    seen, sweep = [], ladder.run_batch_sweep
+
+    def watched(*args, on_row, **kwargs):   # what the checkpoint file holds after each row
+        def after_row(partial):
+            on_row(partial)
+            seen.append(json.loads((tmp_path / "resnet50.partial.json").read_text()))
+        return sweep(*args, on_row=after_row, **kwargs)
+
+    monkeypatch.setattr(ladder, "run_batch_sweep", watched)
+    res = ladder.run_resnet50((1, 2), tmp_path, {"coalesced": CONV_LADDER["coalesced"]},
+                              repeat=1, clock=FakeClock(ms=1.0), layers=layers)
+    assert [len(part["resnet50"]["rows"]) for part in seen] == [1, 2, 3, 4]
+    assert [(r["layer"], r["batch"]) for r in seen[1]["resnet50"]["rows"]] == [("tiny", 1),
+                                                                          ("tiny", 2)]
+    assert not (tmp_path / "resnet50.partial.json").exists()
+    assert json.loads((tmp_path / "resnet50.json").read_text())["resnet50"]["rows"] == \
+        res["resnet50"]["rows"]
+    for row in res["resnet50"]["rows"]:
+        assert set(row["seconds"]) == {"inputs, reference, cuDNN", "coalesced"}
+        assert all(v > 0 for v in row["seconds"].values())
+
+
 def test_plot_layer_sweep_draws_one_bar_per_kernel_and_layer(tmp_path):
     sweep = dict(rows=[
         _sweep_row("3x3 64ch 56x56", 32, {"implicit_gemm_tuned": 80.0, "triton": 60.0}),
