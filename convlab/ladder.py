@@ -532,8 +532,9 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
         (out / "resnet50.json").write_text(json.dumps(result, indent=1))
         (out / "resnet50.partial.json").unlink(missing_ok=True)
         for b in sweep["batches"]:
-            plot_layer_sweep(sweep, b, f"{result['device']}: ResNet-50 layers, batch {b}",
-                             out / f"resnet50_batch{b}.png")
+            if any(r["batch"] == b for r in sweep["rows"]):   # a budget may leave none
+                plot_layer_sweep(sweep, b, f"{result['device']}: ResNet-50 layers, batch {b}",
+                                 out / f"resnet50_batch{b}.png")
     return result
 
 

@@ -217,6 +217,18 @@ def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monk
         assert all(v > 0 for v in row["seconds"].values())
 
 
+def test_resnet50_run_cut_by_its_budget_saves_and_draws_only_the_batches_it_ran(tmp_path):
+    from convlab.kernels import CONV_LADDER
+
+    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
+              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
+    res = ladder.run_resnet50((1, 2), tmp_path, {"coalesced": CONV_LADDER["coalesced"]},
+                              repeat=1, clock=FakeClock(ms=1.0), layers=layers, budget_s=1e-9)
+    assert len(res["resnet50"]["rows"]) == 1 and len(res["resnet50"]["skipped"]) == 3
+    assert json.loads((tmp_path / "resnet50.json").read_text())["resnet50"]["skipped"]
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["resnet50_batch1.png"]
+
+
 def test_plot_layer_sweep_draws_one_bar_per_kernel_and_layer(tmp_path):
     sweep = dict(rows=[
         _sweep_row("3x3 64ch 56x56", 32, {"implicit_gemm_tuned": 80.0, "triton": 60.0}),
