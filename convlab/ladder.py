@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 import math
 import platform
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -520,10 +521,9 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
     result["resnet50"] = sweep
     print_results({"batch_sweep": sweep})
     print(sweep_summary_table(sweep["summary"]))
-    spent: dict = {}
+    spent = Counter()
     for row in sweep["rows"]:
-        for k, sec in row.get("seconds", {}).items():
-            spent[k] = spent.get(k, 0.0) + sec
+        spent.update(row["seconds"])
     print("seconds spent: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
     for s in sweep["skipped"]:
         print(f"not run (time budget): {s}")
@@ -712,6 +712,9 @@ def plot_layer_sweep(sweep: dict, batch: int = 32, title: str = "", path=None):
     import matplotlib.pyplot as plt
 
     rows = [r for r in sweep["rows"] if r["batch"] == batch]
+    if not rows:
+        raise ValueError(f"the sweep has no rows at batch {batch} (batches with rows: "
+                         f"{sorted({r['batch'] for r in sweep['rows']})})")
     names = [n for n in dict.fromkeys(k for r in rows for k in r["pct_cudnn"]) if n != "cuDNN fp32"]
     fig, ax = plt.subplots(figsize=(max(8.0, 0.55 * len(rows) + 2), 3.8))
     width = 0.8 / max(1, len(names))

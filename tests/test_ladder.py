@@ -176,12 +176,14 @@ def test_sweep_summary_takes_the_best_kernel_per_layer_and_the_geomean_over_laye
     assert "batch 32 3x3" in ladder.sweep_summary_table(s)
 
 
+TINY_LAYERS = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
+               problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
+
+
 def test_batch_sweep_stops_starting_rows_after_its_budget():
     from convlab.kernels import CONV_LADDER
 
-    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
-              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
-    res = ladder.run_batch_sweep(layers, (1, 2), {"coalesced": CONV_LADDER["coalesced"]},
+    res = ladder.run_batch_sweep(TINY_LAYERS, (1, 2), {"coalesced": CONV_LADDER["coalesced"]},
                                  repeat=1, clock=FakeClock(ms=1.0), budget_s=1e-9)
     assert len(res["rows"]) == 1  # the first row always runs; then the budget is spent
     assert res["rows"][0]["errors"] == {} and res["rows"][0]["ms"]["coalesced"] == 1.0
@@ -193,8 +195,6 @@ def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monk
     the whole file, and every row says where its seconds went."""
     from convlab.kernels import CONV_LADDER
 
-    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
-              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
     seen, sweep = [], ladder.run_batch_sweep
 
     def watched(*args, on_row, **kwargs):   # what the checkpoint file holds after each row
@@ -205,7 +205,7 @@ def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monk
 
     monkeypatch.setattr(ladder, "run_batch_sweep", watched)
     res = ladder.run_resnet50((1, 2), tmp_path, {"coalesced": CONV_LADDER["coalesced"]},
-                              repeat=1, clock=FakeClock(ms=1.0), layers=layers)
+                              repeat=1, clock=FakeClock(ms=1.0), layers=TINY_LAYERS)
     assert [len(part["resnet50"]["rows"]) for part in seen] == [1, 2, 3, 4]
     assert [(r["layer"], r["batch"]) for r in seen[1]["resnet50"]["rows"]] == [("tiny", 1),
                                                                           ("tiny", 2)]
@@ -220,13 +220,13 @@ def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monk
 def test_resnet50_run_cut_by_its_budget_saves_and_draws_only_the_batches_it_ran(tmp_path):
     from convlab.kernels import CONV_LADDER
 
-    layers = [problems.ConvProblem("tiny", 1, 2, 5, 5, 3),
-              problems.ConvProblem("tiny2", 1, 3, 4, 6, 2)]
     res = ladder.run_resnet50((1, 2), tmp_path, {"coalesced": CONV_LADDER["coalesced"]},
-                              repeat=1, clock=FakeClock(ms=1.0), layers=layers, budget_s=1e-9)
+                              repeat=1, clock=FakeClock(ms=1.0), layers=TINY_LAYERS, budget_s=1e-9)
     assert len(res["resnet50"]["rows"]) == 1 and len(res["resnet50"]["skipped"]) == 3
     assert json.loads((tmp_path / "resnet50.json").read_text())["resnet50"]["skipped"]
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["resnet50_batch1.png"]
+    with pytest.raises(ValueError, match=r"no rows at batch 2 \(batches with rows: \[1\]\)"):
+        ladder.plot_layer_sweep(res["resnet50"], 2)
 
 
 def test_plot_layer_sweep_draws_one_bar_per_kernel_and_layer(tmp_path):
