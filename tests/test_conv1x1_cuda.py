@@ -384,10 +384,12 @@ class _Buf(np.ndarray):
 
 
 class _FakeModule:
-    """Stands in for CuPy's RawModule: a launch runs the CPU library."""
+    """Stands in for CuPy's RawModule of one tile (the -D switches of its options): a
+    launch runs that tile of the CPU library."""
 
-    def __init__(self, lib):
+    def __init__(self, lib, options):
         self.lib = lib
+        self.defines = dict(o[2:].split("=") for o in options if o.startswith("-D"))
 
     def get_function(self, name):
         if name == "flat_subsample":
@@ -399,7 +401,8 @@ class _FakeModule:
                 self.lib.run_subsample(grid[0], block[0], *ptr,
                                        ctypes.c_void_p(ints.ctypes.data))
             return subsample
-        bm, bn, mode, ks = (int(v) for v in name[name.index("<") + 1:-1].split(","))
+        assert name == "flat_igemm_tile", name
+        bm, bn, mode, ks = (int(self.defines[f"FLAT_{k}"]) for k in ("BM", "BN", "MODE", "KS"))
 
         def launch(grid, block, args):
             x, w, y, ws, cnt = (a.ctypes.data if isinstance(a, np.ndarray) else int(a)
@@ -430,7 +433,8 @@ def test_launcher_drives_the_kernel_on_the_cpu(lib, monkeypatch, tile, shape, ws
                                zeros=lambda n, t: np.zeros(n, t).view(_Buf))
     monkeypatch.setitem(sys.modules, "cupy", cp)
     depths = []
-    monkeypatch.setattr(F, "_module", lambda d: depths.append(d) or _FakeModule(lib))
+    monkeypatch.setattr(F, "_module", lambda d, t, m: depths.append(d) or _FakeModule(
+        lib, F.module_options(t, m, d)))
     monkeypatch.setattr(F, "_PLANS", {})
     rng = np.random.default_rng(3)
     x, w = check.random_array(shape, rng), check.random_array(wshape, rng)
@@ -458,7 +462,7 @@ def test_subsample_switch_on_the_cpu(lib, monkeypatch):
                                empty=lambda n, t: np.full(n, np.nan, t).view(_Buf),
                                zeros=lambda n, t: np.zeros(n, t).view(_Buf))
     monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setattr(F, "_module", lambda d: _FakeModule(lib))
+    monkeypatch.setattr(F, "_module", lambda d, t, m: _FakeModule(lib, F.module_options(t, m, d)))
     monkeypatch.setattr(F, "_PLANS", {})
     shape, wshape, kw = SUBSAMPLED
     rng = np.random.default_rng(9)
@@ -479,9 +483,25 @@ def test_subsample_switch_on_the_cpu(lib, monkeypatch):
                                         _HostArray(np.zeros((1, 33, 6, 10), np.float32)))
 
 
-@pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
-def test_source_compiles():
-    ptx = F.compile_ptx()
+@pytest.fixture(scope="module")
+def all_ptx():
+    if not nvrtc_available():
+        pytest.skip("cuda-python's NVRTC missing")
+    return F.compile_ptx()
+
+
+def _entries(ptx: str) -> dict:
+    """Each .entry's code by name, its own name and the file's label numbering taken out."""
+    out = {}
+    for body in re.split(r"\.(?:visible|weak) \.entry ", ptx)[1:]:
+        name = body.split("(")[0]
+        body = body[:body.rindex("\n}") + 2].replace(name, "ENTRY")
+        out[name] = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
+    return out
+
+
+def test_source_compiles(all_ptx):
+    ptx = all_ptx
     for t in F.KERNELS:  # each kernel's block size, as its launches use it
         assert f".maxntid {t.threads}, 1, 1" in ptx
     # static shared memory of every entry, as declared in its PTX, within the 48 KiB that
@@ -494,6 +514,20 @@ def test_source_compiles():
         assert 0 < total <= F.STATIC_SMEM, (body[:80], total)
     assert len(gemms) == len(F.KERNELS) * len(F.MODES) and len(bodies) == len(gemms) + 1
     assert len(F.KERNELS) == len(F.TILES) * len(F.KS_CHOICES) - 1  # 64x64 ks4 does not fit
+
+
+@pytest.mark.parametrize("mode", F.MODES)
+def test_one_tile_module_is_the_same_code(all_ptx, mode):
+    """`_module` builds one kernel per module (``flat_igemm_tile`` under -D switches, which
+    CuPy caches on disk): for every tile its PTX is the template instantiation's,
+    instruction for instruction, and it is the module's only GEMM entry."""
+    full = _entries(all_ptx)
+    for t in F.KERNELS:
+        one = _entries(F.compile_tile_ptx(t, mode))
+        assert sorted(one) == ["flat_igemm_tile", "flat_subsample"]
+        twins = [n for n, body in full.items() if body == one["flat_igemm_tile"]]
+        assert len(twins) == 1 and f"ILi{t.BM}ELi{t.BN}ELi{mode}ELi{t.KS}E" in twins[0], (
+            t, twins)
 
 
 @pytest.mark.gpu

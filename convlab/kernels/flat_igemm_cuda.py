@@ -163,17 +163,24 @@ def prefetch_for(tile: Tile, slabs_per_part: int) -> int:
 _MODULES: dict = {}
 
 
-def _module(prefetch: int = PREFETCH):
-    """One CuPy RawModule with every tile, KS and mode (compiled once per prefetch depth,
-    at the first call)."""
-    if prefetch not in _MODULES:
+def module_options(tile: Tile, mode: int, prefetch: int) -> tuple:
+    """NVRTC options of the one-kernel module of `tile` (its BM, BN, KS) in `mode` with
+    `prefetch` slabs in flight: the source's -D switches for ``flat_igemm_tile``."""
+    return ("-std=c++17", f"-DPREFETCH={int(prefetch)}", f"-DFLAT_BM={tile.BM}",
+            f"-DFLAT_BN={tile.BN}", f"-DFLAT_MODE={int(mode)}", f"-DFLAT_KS={tile.KS}")
+
+
+def _module(prefetch: int, tile: Tile, mode: int):
+    """The CuPy RawModule of one tile, mode and prefetch depth (``flat_igemm_tile``, and
+    ``flat_subsample``): compiled at its first use, a few seconds, and then cached on disk
+    by CuPy, so a new process loads it instead of compiling every tile."""
+    key = (prefetch, tile.BM, tile.BN, tile.KS, mode)
+    if key not in _MODULES:
         import cupy as cp
 
-        names = tuple(t.name_expression(m) for t in KERNELS for m in MODES)
-        _MODULES[prefetch] = cp.RawModule(
-            code=SOURCE_PATH.read_text(), name_expressions=names,
-            options=("-std=c++17", f"-DPREFETCH={int(prefetch)}"))
-    return _MODULES[prefetch]
+        _MODULES[key] = cp.RawModule(code=SOURCE_PATH.read_text(),
+                                     options=module_options(tile, mode, prefetch))
+    return _MODULES[key]
 
 
 def plan_args(p, tile: Tile) -> dict:
@@ -268,13 +275,13 @@ def _plan(x, w, out, stride, padding, dilation, groups, tile, prefetch, subsampl
     t = tile or choose(p)
     a = plan_args(p, t)
     prefetch = prefetch or prefetch_for(t, a["slabs_per_part"])
-    module = _module(prefetch)
+    module = _module(prefetch, t, a["mode"])
     if sub is not None:
         sub.update(fn=module.get_function("flat_subsample"),
                    ints=tuple(np.int32(v) for v in sub["ints"]),
                    xs=cp.empty(sub["shape"], cp.float32))
     plan = dict(a, tile=t, prefetch=prefetch, subsample=sub,
-                fn=module.get_function(t.name_expression(a["mode"])),
+                fn=module.get_function("flat_igemm_tile"),
                 ints=tuple(np.int32(v) for v in a["ints"]),
                 ws=cp.empty(a["parts"] * a["n_out"], cp.float32) if a["parts"] > 1 else None,
                 counters=cp.zeros(a["tiles"], cp.int32) if a["parts"] > 1 else None)
@@ -326,3 +333,13 @@ def compile_ptx(arch: str = "compute_90") -> str:
 
     return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu",
                      [t.name_expression(m) for t in KERNELS for m in MODES], arch)
+
+
+def compile_tile_ptx(tile: Tile, mode: int, prefetch: int = PREFETCH,
+                     arch: str = "compute_90") -> str:
+    """PTX of the one-kernel module `_module` loads for tile, mode and prefetch (NVRTC, no
+    GPU needed)."""
+    from ._nvrtc import nvrtc_ptx
+
+    options = [o for o in module_options(tile, mode, prefetch) if not o.startswith("-std")]
+    return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu", (), arch, options)

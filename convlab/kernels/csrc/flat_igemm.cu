@@ -66,12 +66,17 @@ __device__ __forceinline__ void each_output(int m0, int n0, int tx, int ty, int 
     }
 }
 
-template <int BM, int BN, int MODE, int KS = 1>
-__global__ void __launch_bounds__(KS * (BM / (BM >= 64 ? 8 : 4)) * (BN / (BN >= 64 ? 8 : 4)))
-flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
-           float* __restrict__ ws, int* __restrict__ counters,
-           int N, int C, int H, int W, int K, int R, int S, int P, int Q,
-           int sh, int sw, int ph, int pw, int dh, int dw, int slabs_per_part, int flags)
+#define FLAT_PARAMS const float* __restrict__ x, const float* __restrict__ w, \
+    float* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters, \
+    int N, int C, int H, int W, int K, int R, int S, int P, int Q, \
+    int sh, int sw, int ph, int pw, int dh, int dw, int slabs_per_part, int flags
+#define FLAT_ARGS x, w, y, ws, counters, N, C, H, W, K, R, S, P, Q, sh, sw, ph, pw, dh, dw, \
+    slabs_per_part, flags
+#define FLAT_THREADS(BM, BN, KS) \
+    ((KS) * ((BM) / ((BM) >= 64 ? 8 : 4)) * ((BN) / ((BN) >= 64 ? 8 : 4)))
+
+template <int BM, int BN, int MODE, int KS>
+__device__ __forceinline__ void flat_igemm_body(FLAT_PARAMS)
 {
     constexpr int TM = BM >= 64 ? 8 : 4, TN = BN >= 64 ? 8 : 4;   // outputs per thread
     constexpr int MH = TM / 4, NH = TN / 4;                         // 4 x 4 sub-blocks
@@ -298,6 +303,24 @@ flat_igemm(const float* __restrict__ x, const float* __restrict__ w, float* __re
             y[o] = s;
         });
 }
+
+// Every tile as a template (the CPU tests, compile_ptx) ...
+template <int BM, int BN, int MODE, int KS = 1>
+__global__ void __launch_bounds__(FLAT_THREADS(BM, BN, KS)) flat_igemm(FLAT_PARAMS)
+{
+    flat_igemm_body<BM, BN, MODE, KS>(FLAT_ARGS);
+}
+
+// ... and one of them under a C name, chosen by -DFLAT_BM=.. -DFLAT_BN=.. -DFLAT_MODE=..
+// -DFLAT_KS=..: a module of one kernel, which CuPy caches on disk by its source and options
+// (a module built from name expressions is compiled again in every process).
+#ifdef FLAT_BM
+extern "C" __global__ void __launch_bounds__(FLAT_THREADS(FLAT_BM, FLAT_BN, FLAT_KS))
+flat_igemm_tile(FLAT_PARAMS)
+{
+    flat_igemm_body<FLAT_BM, FLAT_BN, FLAT_MODE, FLAT_KS>(FLAT_ARGS);
+}
+#endif
 
 // One thread per element of xs (NC = N * C planes of P x Q).
 extern "C" __global__ void flat_subsample(const float* __restrict__ x, float* __restrict__ xs,
