@@ -394,7 +394,8 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
     size, every output checked against float64 first (on the GPU where CuPy is there).
     budget_s: stop starting new rows after that many seconds (the first always runs; the
     rows not run are listed in "skipped"), and run batch by batch, so the first batch size
-    is complete first. Each row keeps the seconds it took, per kernel and for its setup.
+    is complete first. Each row keeps the seconds it took, per kernel and for its setup, and
+    each checked kernel's largest error as a fraction of conv(|x|, |w|) (`max_rel_error`).
     on_row(partial sweep) runs after every row (a checkpoint for runs that may be cut off)."""
     import time
 
@@ -426,7 +427,7 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
         w = check.random_array(prob.w_shape, rng)
         expected, absref = _conv_reference(x, w, prob.kwargs, on_gpu=gpu_check)
         row = dict(layer=layer.name, batch=nb, ms={}, pct_cudnn={}, errors={},
-                   seconds={})
+                   seconds={}, max_rel_error={})
         impls = dict(kernels)
         timings = {}
         if baselines.torch_available():
@@ -451,6 +452,7 @@ def run_batch_sweep(layers=problems.RESNET, batches=(32, 64, 128), kernels=None,
                                      expected, absref, prob.C * prob.R * prob.S)
                 if not comp.ok:
                     raise check.CheckError(comp.summary())
+                row["max_rel_error"][kname] = float(comp.max_rel)
                 timings[kname] = timer(fn, xd, wd, out, repeat=repeat,
                                        **prob.kwargs).median_ms
             except Exception as e:  # noqa: BLE001

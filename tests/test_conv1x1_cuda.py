@@ -519,7 +519,7 @@ def test_source_compiles(all_ptx):
 @pytest.mark.parametrize("mode", F.MODES)
 def test_one_tile_module_is_the_same_code(all_ptx, mode):
     """`_module` builds one kernel per module (``flat_igemm_tile`` under -D switches, which
-    CuPy caches on disk): for every tile its PTX is the template instantiation's,
+    a first use compiles alone): for every tile its PTX is the template instantiation's,
     instruction for instruction, and it is the module's only GEMM entry."""
     full = _entries(all_ptx)
     for t in F.KERNELS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from convlab import ladder, problems
@@ -188,6 +189,32 @@ def test_batch_sweep_stops_starting_rows_after_its_budget():
     assert len(res["rows"]) == 1  # the first row always runs; then the budget is spent
     assert res["rows"][0]["errors"] == {} and res["rows"][0]["ms"]["coalesced"] == 1.0
     assert res["skipped"] == ["tiny2 batch 1", "tiny batch 2", "tiny2 batch 2"]
+
+
+def test_batch_sweep_keeps_each_kernels_error_against_conv_of_absolutes():
+    """Each row stores every checked kernel's largest error as a fraction of conv(|x|, |w|)
+    (the measure of Winograd's accuracy cost): an output scaled by 1 + 1.2e-6 (inside the
+    tolerance of these 18-term sums) reads as about 1e-6, the exact kernel below it; a
+    kernel that fails its check stores none."""
+    from convlab.kernels import CONV_LADDER
+
+    exact = CONV_LADDER["coalesced"]
+
+    def scaled(x, w, out, **kw):   # within the fp32 tolerance, but measurably off
+        exact(x, w, out, **kw)
+        out.copy_to_device((out.copy_to_host() * np.float32(1 + 1.2e-6)).astype(np.float32))
+
+    def wrong(x, w, out, **kw):
+        exact(x, w, out, **kw)
+        out.copy_to_device(out.copy_to_host() * np.float32(1.01))
+
+    res = ladder.run_batch_sweep(TINY_LAYERS, (1,), {"coalesced": exact, "scaled": scaled,
+                                                    "wrong": wrong},
+                                 repeat=1, clock=FakeClock(ms=1.0))
+    for row in res["rows"]:
+        err = row["max_rel_error"]
+        assert set(err) == {"coalesced", "scaled"} and "wrong" in row["errors"], row
+        assert err["coalesced"] < 3e-7 and 5e-7 < err["scaled"] < 1.5e-6, err
 
 
 def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monkeypatch):

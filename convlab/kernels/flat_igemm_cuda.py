@@ -172,8 +172,9 @@ def module_options(tile: Tile, mode: int, prefetch: int) -> tuple:
 
 def _module(prefetch: int, tile: Tile, mode: int):
     """The CuPy RawModule of one tile, mode and prefetch depth (``flat_igemm_tile``, and
-    ``flat_subsample``): compiled at its first use, a few seconds, and then cached on disk
-    by CuPy, so a new process loads it instead of compiling every tile."""
+    ``flat_subsample``), compiled at its first use (a few seconds; CuPy keeps it in its
+    disk cache for later processes): a layer waits for its own tile only, not for every
+    tile (`tools/gpu/flat_compile_time.py`)."""
     key = (prefetch, tile.BM, tile.BN, tile.KS, mode)
     if key not in _MODULES:
         import cupy as cp

@@ -6,7 +6,7 @@ CUPY_CACHE_DIR: the first process compiles each module it needs, the second load
     CUPY_CACHE_DIR=/tmp/cc python3 tools/gpu/flat_compile_time.py second names
 
 "names": then also build the module of every tile from name expressions (the way before
-one module per tile), which CuPy compiles in every process.
+one module per tile): compiled in the first process that builds it, then cached too.
 """
 import sys
 import time

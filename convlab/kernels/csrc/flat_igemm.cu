@@ -312,8 +312,8 @@ __global__ void __launch_bounds__(FLAT_THREADS(BM, BN, KS)) flat_igemm(FLAT_PARA
 }
 
 // ... and one of them under a C name, chosen by -DFLAT_BM=.. -DFLAT_BN=.. -DFLAT_MODE=..
-// -DFLAT_KS=..: a module of one kernel, which CuPy caches on disk by its source and options
-// (a module built from name expressions is compiled again in every process).
+// -DFLAT_KS=..: a module of one kernel, so that a first use compiles only the tiles it
+// runs (a few seconds each) and not all of them (about a minute per prefetch depth).
 #ifdef FLAT_BM
 extern "C" __global__ void __launch_bounds__(FLAT_THREADS(FLAT_BM, FLAT_BN, FLAT_KS))
 flat_igemm_tile(FLAT_PARAMS)
