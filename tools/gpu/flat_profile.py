@@ -4,9 +4,11 @@
         python3 tools/gpu/flat_profile.py 512,2048,7,1
 
 Arguments: C,K,H,stride per layer (batch 1, 1x1, no padding). Prints the tile chosen
-and the queued GPU time beside cuDNN fp32.
+and the queued GPU time beside cuDNN fp32. TILE=BM,BN,SPLIT,KS forces a tile (e.g.
+TILE=32,32,2,2) instead of `flat_igemm_cuda.choose`'s.
 """
 
+import os
 import sys
 
 import convlab
@@ -21,13 +23,16 @@ from convlab.kernels import flat_igemm_cuda as F  # noqa: E402
 
 def main() -> int:
     torch.backends.cudnn.allow_tf32 = False
+    tile = os.environ.get("TILE")
+    conv = (F.make_launcher(F.Tile(*(int(v) for v in tile.split(",")))) if tile
+            else F.conv2d_flat_igemm_cuda)
     for spec in sys.argv[1:]:
         c, k, h, s = (int(v) for v in spec.split(","))
         x = cp.random.standard_normal((1, c, h, h), dtype=cp.float32)
         w = cp.random.standard_normal((k, c, 1, 1), dtype=cp.float32)
         p = (h - 1) // s + 1
         out = cp.empty((1, k, p, p), cp.float32)
-        run = lambda x=x, w=w, out=out, s=s: F.conv2d_flat_igemm_cuda(x, w, out, stride=s)  # noqa: E731
+        run = lambda x=x, w=w, out=out, s=s: conv(x, w, out, stride=s)  # noqa: E731
         for _ in range(4):
             run()
         tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
