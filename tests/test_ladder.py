@@ -217,9 +217,11 @@ def test_batch_sweep_keeps_each_kernels_error_against_conv_of_absolutes():
         assert err["coalesced"] < 3e-7 and 5e-7 < err["scaled"] < 1.5e-6, err
 
 
-def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monkeypatch):
+def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monkeypatch,
+                                                                     capsys):
     """run_resnet50 writes the rows so far after each row (a run cut off keeps them), then
-    the whole file, and every row says where its seconds went."""
+    the whole file; every row says where its seconds went, and the run prints each kernel's
+    largest error against conv(|x|,|w|) and where it was."""
     from convlab.kernels import CONV_LADDER
 
     seen, sweep = [], ladder.run_batch_sweep
@@ -242,6 +244,11 @@ def test_resnet50_run_checkpoints_every_row_and_keeps_its_seconds(tmp_path, monk
     for row in res["resnet50"]["rows"]:
         assert set(row["seconds"]) == {"inputs, reference, cuDNN", "coalesced"}
         assert all(v > 0 for v in row["seconds"].values())
+    worst = max(res["resnet50"]["rows"], key=lambda r: r["max_rel_error"]["coalesced"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("largest error"))
+    assert line == ("largest error / conv(|x|,|w|): coalesced "
+                    f"{worst['max_rel_error']['coalesced']:.1e} ({worst['layer']} batch "
+                    f"{worst['batch']})"), line
 
 
 def test_resnet50_run_cut_by_its_budget_saves_and_draws_only_the_batches_it_ran(tmp_path):
