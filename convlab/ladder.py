@@ -523,15 +523,13 @@ def run_resnet50(batches=(32, 1, 128), out_dir=None, kernels=None, repeat: int =
     result["resnet50"] = sweep
     print_results({"batch_sweep": sweep})
     print(sweep_summary_table(sweep["summary"]))
-    spent = Counter()
+    spent, worst = Counter(), {}
     for row in sweep["rows"]:
         spent.update(row["seconds"])
-    print("seconds spent: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
-    worst: dict = {}
-    for row in sweep["rows"]:
-        for k, v in row.get("max_rel_error", {}).items():
+        for k, v in row["max_rel_error"].items():
             if v > worst.get(k, (-1.0,))[0]:
                 worst[k] = (v, f"{row['layer']} batch {row['batch']}")
+    print("seconds spent: " + ", ".join(f"{k} {v:.0f}" for k, v in spent.items()))
     if worst:
         print("largest error / conv(|x|,|w|): " + ", ".join(
             f"{k} {v:.1e} ({where})" for k, (v, where) in worst.items()))

@@ -175,13 +175,12 @@ def _module(prefetch: int, tile: Tile, mode: int):
     ``flat_subsample``), compiled at its first use (a few seconds; CuPy keeps it in its
     disk cache for later processes): a layer waits for its own tile only, not for every
     tile (`tools/gpu/flat_compile_time.py`)."""
-    key = (prefetch, tile.BM, tile.BN, tile.KS, mode)
-    if key not in _MODULES:
+    options = module_options(tile, mode, prefetch)
+    if options not in _MODULES:
         import cupy as cp
 
-        _MODULES[key] = cp.RawModule(code=SOURCE_PATH.read_text(),
-                                     options=module_options(tile, mode, prefetch))
-    return _MODULES[key]
+        _MODULES[options] = cp.RawModule(code=SOURCE_PATH.read_text(), options=options)
+    return _MODULES[options]
 
 
 def plan_args(p, tile: Tile) -> dict:
@@ -328,12 +327,16 @@ conv2d_flat_igemm_cuda.__doc__ = (
     "padding, dilation; groups 1. One launch; the tile and split `choose` picks.")
 
 
+def name_expressions() -> list:
+    """The template instantiation of every compiled kernel: each tile, KS and mode."""
+    return [t.name_expression(m) for t in KERNELS for m in MODES]
+
+
 def compile_ptx(arch: str = "compute_90") -> str:
     """PTX of every tile, KS and mode, compiled by NVRTC (no GPU needed)."""
     from ._nvrtc import nvrtc_ptx
 
-    return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu",
-                     [t.name_expression(m) for t in KERNELS for m in MODES], arch)
+    return nvrtc_ptx(SOURCE_PATH.read_text(), "flat_igemm.cu", name_expressions(), arch)
 
 
 def compile_tile_ptx(tile: Tile, mode: int, prefetch: int = PREFETCH,

@@ -40,7 +40,7 @@ print(f"{sys.argv[1]}: import {t1 - t0:.1f} s; first calls of {n} layer shapes "
 
 if "names" in sys.argv[2:]:   # what `_module` built before: every tile from name expressions
     t2 = time.perf_counter()
-    names = tuple(t.name_expression(m) for t in F.KERNELS for m in F.MODES)
+    names = tuple(F.name_expressions())
     mod = cp.RawModule(code=F.SOURCE_PATH.read_text(), name_expressions=names,
                        options=("-std=c++17", f"-DPREFETCH={F.PREFETCH}"))
     mod.get_function(names[0])
