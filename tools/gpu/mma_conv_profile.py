@@ -64,24 +64,22 @@ def layers(text: str) -> list[dict]:
             for i, (name, cfg) in enumerate(picks)]
 
 
-if len(sys.argv) > 2 and sys.argv[1] == "--parse":
-    with open(sys.argv[2]) as f:
-        print(json.dumps(layers(f.read()), indent=1))
-    sys.exit(0)
-
-import convlab  # noqa: E402
-
-convlab.setup("gpu")
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from convlab import problems  # noqa: E402
-from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
-from convlab.kernels._launch import sm_count  # noqa: E402
-from convlab.measure import tensor_cores as TC  # noqa: E402
-
-
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--parse":
+        with open(sys.argv[2]) as f:
+            print(json.dumps(layers(f.read()), indent=1))
+        return 0
+    import convlab
+
+    convlab.setup("gpu")
+    import torch
+    import torch.nn.functional as F
+
+    from convlab import problems
+    from convlab.kernels import mma02_gemm_conv_cuda as MM
+    from convlab.kernels._launch import sm_count
+    from convlab.measure import tensor_cores as TC
+
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else problems.RESNET
     torch.backends.cudnn.benchmark = True
     for lname in names:
