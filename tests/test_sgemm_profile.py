@@ -77,3 +77,20 @@ def test_the_lessons_decomposition_holds_in_the_stored_run():
     assert br["fma_pipe_active_pct"] == pytest.approx(ours["fma_pipe_active_pct"], abs=2)
     timing = sg["timing"]["pct_cublas_4096"]
     assert abs(timing["branch 128x64x16"] - timing["main 128x64x16"]) < 1
+
+
+def test_issue_times_ffma_share_predicts_each_tiles_time():
+    """Lesson 09: for the 128-output tiles too, (issue busy x FFMA share) relative to the 8x8
+    block is its speed relative to the 8x8 block, within 1%; and none of them is faster."""
+    sg = results.load("h200_sgemm_profile")
+    ours = sg["main"]["ours"]
+    rate = ours["issue_slots_busy_pct"] * ours["ffma_share_pct"]
+    profiles = sg["outputs_per_thread"]["profile"]
+    assert len(profiles) == 2
+    for p in profiles.values():
+        k = p["ours"]
+        predicted = k["issue_slots_busy_pct"] * k["ffma_share_pct"] / rate
+        assert predicted == pytest.approx(ours["duration_ms"] / k["duration_ms"], rel=0.01)
+    pct = sg["outputs_per_thread"]["pct_cublas_4096"]
+    wide = [v for n, v in pct.items() if " 8x16 " in n or " 16x8 " in n]
+    assert len(wide) == 6 and max(wide) < pct["128x64x16 mb-"]

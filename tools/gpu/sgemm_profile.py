@@ -9,6 +9,7 @@ Nsight Compute run profiles side by side.
         python3 tools/gpu/sgemm_profile.py [n]
     python3 tools/gpu/sgemm_profile.py --parse NCU.txt     # -> JSON on stdout
     python3 tools/gpu/sgemm_profile.py --sass              # the slab loop's SASS, counted
+    TILE=128x256x8/16x8 ...                                # another tile of make_kernel
 
 The launches to profile run inside the NVTX range "profile", after warm-up calls. The
 metrics added to the sections: FFMA instructions, all instructions and the FMA pipe's busy
@@ -95,6 +96,18 @@ def loop_mix(sass: str) -> dict:
     return dict(instructions=len(body), **mix)
 
 
+def kernel_of(G):
+    """The module's kernel, or make_kernel's for TILE=BMxBNxBK[/TMxTN] from the environment."""
+    import os
+
+    if not os.environ.get("TILE"):
+        return G.KERNEL
+    tile, _, per = os.environ["TILE"].partition("/")
+    bm, bn, bk = (int(v) for v in tile.split("x"))
+    tm, tn = (int(v) for v in per.split("x")) if per else (8, 8)
+    return G.make_kernel(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn)
+
+
 def main(argv) -> int:
     if argv[:1] == ["--metrics"]:
         print(",".join(metric_names()))
@@ -108,7 +121,7 @@ def main(argv) -> int:
     if argv[:1] == ["--sass"]:   # the kernel as this GPU's toolchain compiles it
         from convlab.kernels import gemm04_double_buffered as G
 
-        k = G.KERNEL
+        k = kernel_of(G)
         k.compile(G.SIGNATURE)
         sass, regs = k.inspect_sass(), k.get_regs_per_thread()
         text = sass if isinstance(sass, str) else "\n".join(sass.values())
@@ -123,24 +136,25 @@ def main(argv) -> int:
     from convlab.kernels import gemm04_double_buffered as G
 
     n = int(argv[0]) if argv else 4096
+    gemm = G.make_launcher(kernel_of(G))
     rng = np.random.default_rng(0)
     a, b = check.random_array((n, n), rng), check.random_array((n, n), rng)
     ad, bd = cp.asarray(a), cp.asarray(b)
     ours, theirs = cp.empty_like(ad), cp.empty_like(ad)
     for _ in range(3):   # warm-up (compiles the Numba kernel)
-        G.gemm_double_buffered(ad, bd, ours)
+        gemm(ad, bd, ours)
         cp.matmul(ad, bd, out=theirs)
     ours.fill(np.nan)
     theirs.fill(np.nan)
     cp.cuda.Device().synchronize()
     torch.cuda.nvtx.range_push("profile")
-    G.gemm_double_buffered(ad, bd, ours)
+    gemm(ad, bd, ours)
     cp.matmul(ad, bd, out=theirs)
     cp.cuda.Device().synchronize()
     torch.cuda.nvtx.range_pop()
     exp = a.astype(np.float64) @ b.astype(np.float64)
     absref = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
-    for name, out in ((f"gemm04 {G.KERNEL.tile}", ours), ("cuBLAS", theirs)):
+    for name, out in ((f"gemm04 {gemm.kernel.tile}", ours), ("cuBLAS", theirs)):
         comp = check.compare(cp.asnumpy(out), exp, absref, n)
         print(f"{name} {n}^3: {'ok' if comp.ok else 'WRONG'} (max rel err {comp.max_rel:.1e})",
               flush=True)

@@ -3,9 +3,11 @@ cuBLAS fp32 (TF32 off) in the same process: `ladder.run_gemm_ladder` with these 
 (each checked against float64 first, then timed with queued launches, median).
 
     python3 tools/gpu/sgemm_tiles.py [n]        # table last; $OUT/sgemm_tiles.json
+    CONFIGS=128x64x16,256x128x8/8x16 python3 tools/gpu/sgemm_tiles.py   # these only
 
-A configuration is BMxBNxBK and min_blocks (the blocks per SM the registers must allow:
-launch bounds; "-" leaves it to the compiler). ROUNDS=k times the whole list k times.
+A configuration is BMxBNxBK, outputs per thread TMxTN (default 8x8) and min_blocks (the
+blocks per SM the registers must allow: launch bounds; "-" leaves it to the compiler);
+CONFIGS spells them BMxBNxBK[/TMxTN][:min_blocks]. ROUNDS=k times the whole list k times.
 """
 
 import json
@@ -23,12 +25,26 @@ CONFIGS = [(128, 64, 16, None), (128, 64, 16, 3), (128, 64, 16, 2), (128, 128, 8
            (256, 64, 16, 1), (128, 128, 16, 2)]
 
 
+def configs() -> list[tuple]:
+    """(BM, BN, BK, TM, TN, min_blocks): CONFIGS from the environment, else the list above."""
+    if not os.environ.get("CONFIGS"):
+        return [(bm, bn, bk, 8, 8, mb) for bm, bn, bk, mb in CONFIGS]
+    out = []
+    for spec in os.environ["CONFIGS"].split(","):
+        spec, _, mb = spec.partition(":")
+        tile, _, per = spec.partition("/")
+        bm, bn, bk = (int(v) for v in tile.split("x"))
+        tm, tn = (int(v) for v in per.split("x")) if per else (8, 8)
+        out.append((bm, bn, bk, tm, tn, int(mb) if mb else None))
+    return out
+
+
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     kernels = {}
-    for bm, bn, bk, mb in CONFIGS:
-        name = f"{bm}x{bn}x{bk} mb{mb or '-'}"
-        k = G.make_kernel(BM=bm, BN=bn, BK=bk, min_blocks=mb)
+    for bm, bn, bk, tm, tn, mb in configs():
+        name = f"{bm}x{bn}x{bk}" + (f" {tm}x{tn}" if (tm, tn) != (8, 8) else "") + f" mb{mb or '-'}"
+        k = G.make_kernel(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, min_blocks=mb)
         kernels[name] = G.make_launcher(k, name)
     kernels["module default " + "x".join(str(G.KERNEL.tile[k]) for k in ("BM", "BN", "BK"))] = \
         G.gemm_double_buffered
