@@ -94,3 +94,9 @@ def test_issue_times_ffma_share_predicts_each_tiles_time():
     pct = sg["outputs_per_thread"]["pct_cublas_4096"]
     wide = [v for n, v in pct.items() if " 8x16 " in n or " 16x8 " in n]
     assert len(wide) == 6 and max(wide) < pct["128x64x16 mb-"]
+
+
+def test_tile_spec_spells_every_part(tool):
+    assert tool.tile_spec("128x64x16") == (128, 64, 16, 8, 8, None)
+    assert tool.tile_spec("128x256x8/16x8:1") == (128, 256, 8, 16, 8, 1)
+    assert tool.tile_spec("256x128x8:2") == (256, 128, 8, 8, 8, 2)

@@ -24,10 +24,11 @@ convlab.setup("gpu")
 import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from convlab import baselines, check, problems  # noqa: E402
-from convlab import bench as timing  # noqa: E402
-from convlab import reference as ref  # noqa: E402
+from convlab import check, problems  # noqa: E402
 from convlab.kernels import flat_igemm_cuda as A  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from flat_ks import layer_inputs, time_us  # noqa: E402  (the same inputs and clock)
 
 
 def load_alt(folder: str, tag: str):
@@ -41,18 +42,9 @@ def load_alt(folder: str, tag: str):
     return mod
 
 
-def time_us(fn):
-    return 1e3 * timing.time_gpu_queued(fn, calls=50, repeat=7).median_ms
-
-
 def run_layer(layer, batch, mods, rng, rounds):
-    torch = baselines.set_torch_precision("fp32")
-    prob = layer.with_batch(batch)
-    p = ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
-    xh, wh = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
-    case = check.reference_case(xh, wh, **prob.kwargs)
-    x, w, kw = cp.asarray(xh), cp.asarray(wh), prob.kwargs
-    tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+    torch, prob, p, x, w, case, tx, tw = layer_inputs(layer, batch, rng)
+    kw = prob.kwargs
     fns = {"cudnn": lambda: torch.nn.functional.conv2d(tx, tw, **kw)}
     row = dict(layer=layer.name, batch=batch, ok={}, tile={})
     for name, mod in mods.items():

@@ -65,14 +65,23 @@ def time_us(fn):
     return 1e3 * timing.time_gpu_queued(fn, calls=50, repeat=7).median_ms
 
 
-def run_layer(layer, rng):
+def layer_inputs(layer, batch, rng):
+    """One layer at a batch size, ready to check and time: (torch with TF32 off, the
+    problem, its conv params, x and w on the GPU, the float64 reference case, x and w as
+    torch tensors)."""
     torch = baselines.set_torch_precision("fp32")
-    prob = layer.with_batch(int(os.environ.get("BATCH", 1)))
+    prob = layer.with_batch(batch)
     p = ref.conv_params(prob.x_shape, prob.w_shape, **prob.kwargs)
     xh, wh = check.random_array(prob.x_shape, rng), check.random_array(prob.w_shape, rng)
     case = check.reference_case(xh, wh, **prob.kwargs)
     x, w = cp.asarray(xh), cp.asarray(wh)
     tx, tw = torch.as_tensor(x, device="cuda"), torch.as_tensor(w, device="cuda")
+    return torch, prob, p, x, w, case, tx, tw
+
+
+def run_layer(layer, rng):
+    torch, prob, p, x, w, case, tx, tw = layer_inputs(layer, int(os.environ.get("BATCH", 1)),
+                                                      rng)
     kw = prob.kwargs
     cudnn = time_us(lambda: torch.nn.functional.conv2d(tx, tw, **kw))
     row = dict(layer=layer.name, cudnn_us=cudnn, rule=str(F.choose(p)), configs=[])

@@ -9,7 +9,7 @@ Nsight Compute run profiles side by side.
         python3 tools/gpu/sgemm_profile.py [n]
     python3 tools/gpu/sgemm_profile.py --parse NCU.txt     # -> JSON on stdout
     python3 tools/gpu/sgemm_profile.py --sass              # the slab loop's SASS, counted
-    TILE=128x256x8/16x8 ...                                # another tile of make_kernel
+    TILE=128x256x8/16x8 ...                                # another tile (`tile_spec`)
 
 The launches to profile run inside the NVTX range "profile", after warm-up calls. The
 metrics added to the sections: FFMA instructions, all instructions and the FMA pipe's busy
@@ -18,6 +18,7 @@ instruction (`convlab.measure.profile.STALLS`).
 """
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -96,16 +97,22 @@ def loop_mix(sass: str) -> dict:
     return dict(instructions=len(body), **mix)
 
 
-def kernel_of(G):
-    """The module's kernel, or make_kernel's for TILE=BMxBNxBK[/TMxTN] from the environment."""
-    import os
-
-    if not os.environ.get("TILE"):
-        return G.KERNEL
-    tile, _, per = os.environ["TILE"].partition("/")
+def tile_spec(spec: str) -> tuple:
+    """"BMxBNxBK[/TMxTN][:min_blocks]" -> (BM, BN, BK, TM, TN, min_blocks): a gemm04 tile,
+    its outputs per thread (default 8x8) and launch bounds (default none)."""
+    spec, _, mb = spec.partition(":")
+    tile, _, per = spec.partition("/")
     bm, bn, bk = (int(v) for v in tile.split("x"))
     tm, tn = (int(v) for v in per.split("x")) if per else (8, 8)
-    return G.make_kernel(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn)
+    return bm, bn, bk, tm, tn, int(mb) if mb else None
+
+
+def kernel_of(G):
+    """The module's kernel, or make_kernel's for TILE (`tile_spec`) from the environment."""
+    if not os.environ.get("TILE"):
+        return G.KERNEL
+    bm, bn, bk, tm, tn, mb = tile_spec(os.environ["TILE"])
+    return G.make_kernel(BM=bm, BN=bn, BK=bk, TM=tm, TN=tn, min_blocks=mb)
 
 
 def main(argv) -> int:

@@ -13,12 +13,16 @@ CONFIGS spells them BMxBNxBK[/TMxTN][:min_blocks]. ROUNDS=k times the whole list
 import json
 import os
 import sys
+from pathlib import Path
 
 import convlab
 
 convlab.setup("gpu")
 from convlab import ladder  # noqa: E402
 from convlab.kernels import gemm04_double_buffered as G  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sgemm_profile import tile_spec  # noqa: E402  (the CONFIGS spelling)
 
 CONFIGS = [(128, 64, 16, None), (128, 64, 16, 3), (128, 64, 16, 2), (128, 128, 8, None),
            (128, 128, 16, None), (128, 128, 8, 2), (64, 128, 16, 3), (128, 64, 8, 3),
@@ -29,14 +33,7 @@ def configs() -> list[tuple]:
     """(BM, BN, BK, TM, TN, min_blocks): CONFIGS from the environment, else the list above."""
     if not os.environ.get("CONFIGS"):
         return [(bm, bn, bk, 8, 8, mb) for bm, bn, bk, mb in CONFIGS]
-    out = []
-    for spec in os.environ["CONFIGS"].split(","):
-        spec, _, mb = spec.partition(":")
-        tile, _, per = spec.partition("/")
-        bm, bn, bk = (int(v) for v in tile.split("x"))
-        tm, tn = (int(v) for v in per.split("x")) if per else (8, 8)
-        out.append((bm, bn, bk, tm, tn, int(mb) if mb else None))
-    return out
+    return [tile_spec(spec) for spec in os.environ["CONFIGS"].split(",")]
 
 
 def main() -> int:
