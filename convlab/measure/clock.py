@@ -66,6 +66,10 @@ class GpuClock:
     def launch_overhead(self) -> dict:
         return timing.launch_overhead()
 
+    def sustained(self, fn, *args, **kwargs) -> dict:
+        """fn back to back for seconds, with the SM clock and power (`timing.sustained`)."""
+        return timing.sustained(fn, *args, **kwargs)
+
 
 class FakeClock(GpuClock):
     """Runs each timed function once and reports `ms` milliseconds; counts the calls.
@@ -127,6 +131,12 @@ class FakeClock(GpuClock):
         self._once(fn, *args, **kwargs)
         return dict(first_call_wall_ms=self.ms, wall_no_sync_ms=self.ms,
                     wall_sync_ms=self.ms, events_ms=self.ms, events_spread=0.0)
+
+    def sustained(self, fn, *args, seconds: float = 1.5, sample_ms: int = 20,
+                  **kwargs) -> dict:
+        self._once(fn, *args, **kwargs)
+        return dict(ms=self.ms, calls=1, seconds=self.ms / 1e3, sm_mhz=None, power_w=None,
+                    max_temp_c=None, reasons=[], samples=0, method=self.method)
 
     def launch_overhead(self) -> dict:
         us = 1e3 * self.ms

@@ -75,3 +75,92 @@ def wall_vs_events(fn, *args, repeat: int = 5, **kwargs) -> dict:
     return dict(first_call_wall_ms=first, wall_no_sync_ms=float(np.median(nosync)),
                 wall_sync_ms=float(np.median(withsync)), events_ms=ev.median_ms,
                 events_spread=ev.spread)
+
+
+# nvidia-smi's clock-event reasons (bits of clocks_event_reasons.active) that slow the clock
+CLOCK_REASONS = {0x4: "software power cap", 0x8: "hardware slowdown",
+                 0x20: "software thermal slowdown", 0x40: "hardware thermal slowdown",
+                 0x80: "hardware power brake"}
+SMI_FIELDS = "timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active"
+
+
+def clock_reasons(mask: int) -> list:
+    """Names of the slowing reasons set in an nvidia-smi reason bitmask."""
+    return [name for bit, name in CLOCK_REASONS.items() if mask & bit]
+
+
+def parse_smi_samples(text: str, t0: float, t1: float) -> list:
+    """(sm_mhz, power_w, temp_c, reason mask) of each nvidia-smi CSV line (SMI_FIELDS, no
+    header or units) stamped between t0 and t1 (seconds since the epoch, local time)."""
+    rows = []
+    for line in text.strip().splitlines():
+        f = [p.strip() for p in line.split(",")]
+        try:
+            stamp, _, frac = f[0].partition(".")
+            ts = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S"))
+            ts += float("0." + (frac or "0"))
+            row = (float(f[1]), float(f[2]), float(f[3]), int(f[4], 16))
+        except (ValueError, IndexError):   # a header, "[N/A]", a cut last line
+            continue
+        if t0 <= ts <= t1:
+            rows.append(row)
+    return rows
+
+
+def _smi_fields() -> str | None:
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    for fields in (SMI_FIELDS, SMI_FIELDS.replace("clocks_event", "clocks_throttle")):
+        if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"],
+                          capture_output=True).returncode == 0:   # older drivers: throttle
+            return fields
+    return None
+
+
+def sustained(fn, *args, seconds: float = 1.5, sample_ms: int = 20, **kwargs) -> dict:
+    """fn called back to back for about `seconds`: ms per call by CUDA events, and the SM
+    clock (MHz, median), board power (W, median) and slowing reasons nvidia-smi reported
+    over the run's last 80% (after the power controller has reacted). A GEMM that keeps
+    the card at its power limit runs at a lower clock than in a short burst; the ratio of
+    two kernels can differ between the two. Clock fields are None without nvidia-smi."""
+    import subprocess
+
+    from ..bench import time_gpu
+
+    require_gpu("sustained")
+    c = cuda()
+    once = time_gpu(fn, *args, warmup=1, repeat=3, **kwargs).median_ms
+    calls = max(10, int(seconds * 1e3 / once))
+    fields = _smi_fields()
+    smi = fields and subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
+         f"-lms={sample_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    time.sleep(0.3 if smi else 0)
+    start, end = c.event(), c.event()
+    c.synchronize()
+    t0 = time.time()
+    start.record()
+    for _ in range(calls):
+        fn(*args, **kwargs)
+    end.record()
+    end.synchronize()
+    t1 = time.time()
+    ms = c.event_elapsed_time(start, end) / calls
+    out = dict(ms=ms, calls=calls, seconds=t1 - t0, sm_mhz=None, power_w=None, max_temp_c=None,
+               reasons=[], samples=0, method=f"cuda events, {calls} calls back to back")
+    if smi:
+        time.sleep(2 * sample_ms / 1e3)
+        smi.terminate()
+        s = parse_smi_samples(smi.communicate()[0], t0 + 0.2 * (t1 - t0), t1)
+        if s:
+            mask = 0
+            for row in s:
+                mask |= row[3]
+            out.update(sm_mhz=float(np.median([r[0] for r in s])),
+                       power_w=float(np.median([r[1] for r in s])),
+                       max_temp_c=max(r[2] for r in s), reasons=clock_reasons(mask),
+                       samples=len(s))
+    return out
