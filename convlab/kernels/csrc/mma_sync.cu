@@ -218,13 +218,15 @@ __device__ __forceinline__ const u16* a_src(const u16* A, const Problem& pb, int
 // once: the image's offset in x and the top-left input corner of the pixel's window.
 struct ConvRow { int base, h0, w0; };   // base < 0: the row is past M
 
+__device__ __forceinline__ ConvRow conv_corner(const Problem& pb, int n, int p, int q) {
+    return {n * pb.H * pb.W * pb.C, p * pb.sh - pb.ph, q * pb.sw - pb.pw};
+}
+
 __device__ __forceinline__ ConvRow conv_row(const Problem& pb, int m) {
     ConvRow cr = {-1, 0, 0};
     if (m < pb.M) {
-        int q = m % pb.Q, t = m / pb.Q, p = t % pb.P, n = t / pb.P;
-        cr.base = n * pb.H * pb.W * pb.C;
-        cr.h0 = p * pb.sh - pb.ph;
-        cr.w0 = q * pb.sw - pb.pw;
+        int q = m % pb.Q, t = m / pb.Q;
+        cr = conv_corner(pb, t / pb.P, t % pb.P, q);
     }
     return cr;
 }
@@ -301,22 +303,37 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #if USE_TAPS
     // row j: the offset in x of its window's corner (tap 0, this thread's channels c8) and
     // bit r * S + s set where tap (r, s) lies inside the image (no bits: the row is past M);
-    // the slab's tap (r, s) and channels c0: one offset tap_off, the same for every row
+    // the slab's tap (r, s) and channels c0: one offset tap_off, the same for every row.
+    // Row j's pixel (n, p, q) is RSTEP pixels after row j - 1's: one division per block,
+    // then carries; the taps' mask from S column bits and R row bits.
     int aoff[A_PER];
     unsigned taps[A_PER];
     const int R = pb.Kd / (pb.S * pb.C);
+    const int m0 = bm * BM + r0, t0 = m0 / pb.Q;
+    int q = m0 - t0 * pb.Q, p = t0 % pb.P, n = t0 / pb.P;
 #pragma unroll
     for (int j = 0; j < A_PER; ++j) {
-        const ConvRow cr = conv_row(pb, bm * BM + r0 + j * RSTEP);
+        const ConvRow cr = conv_corner(pb, n, p, q);
         aoff[j] = cr.base + (cr.h0 * pb.W + cr.w0) * pb.C + c8;
-        unsigned t = 0;
-        for (int r = 0; r < R; ++r)
-            for (int s = 0; s < pb.S; ++s) {
-                const int h = cr.h0 + r * pb.dh, w = cr.w0 + s * pb.dw;
-                t |= (unsigned)(cr.base >= 0 && h >= 0 && h < pb.H && w >= 0 && w < pb.W)
-                     << (r * pb.S + s);
-            }
-        taps[j] = t;
+        unsigned cols = 0, t = 0;   // bit s: column w0 + s * dw inside the image
+        for (int s = 0; s < pb.S; ++s) {
+            const int w = cr.w0 + s * pb.dw;
+            cols |= (unsigned)(w >= 0 && w < pb.W) << s;
+        }
+        for (int r = 0; r < R; ++r) {
+            const int h = cr.h0 + r * pb.dh;
+            if (h >= 0 && h < pb.H) t |= cols << (r * pb.S);
+        }
+        taps[j] = m0 + j * RSTEP < pb.M ? t : 0u;
+        q += RSTEP;   // the next row's pixel
+        while (q >= pb.Q) {
+            q -= pb.Q;
+            ++p;
+        }
+        while (p >= pb.P) {
+            p -= pb.P;
+            ++n;
+        }
     }
     int tap = 0, tap_r = 0, tap_s = 0, tap_c = 0, tap_off = 0;   // of the next slab loaded
 #else
