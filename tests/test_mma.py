@@ -69,12 +69,21 @@ EPI = Cfg(32, 32, 32, 16, 16, STAGES=3, EPI_SMEM=1)
 EPI_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, EPI_SMEM=1)
 EPI_FP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1)
 EPIS = (EPI, EPI_REGS, EPI_FP)
+# sliced K: two (or four) warps per warp tile, their sums added through shared memory; on
+# the register double buffer, the plain pipeline, the fragment pipeline with per-thread
+# pointers and the staged epilogue
+KS_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, KSLICE=2)
+KS_PLAIN = Cfg(32, 32, 32, 16, 16, STAGES=3, KSLICE=2)
+KS4 = Cfg(32, 32, 64, 16, 16, STAGES=3, KSLICE=4)
+KS_FP = Cfg(32, 64, 64, 16, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, KSLICE=2)
+KSLICES = (KS_REGS, KS_PLAIN, KS4, KS_FP)
 # the conv's one-tap-per-slab loader: 4- and 8-chunk rows, with the fragment pipeline and
 # the staged epilogue
 TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
 TAPS64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2, TAPS=1)
 TAPS_EPI = Cfg(32, 64, 64, 32, 32, STAGES=3, EPI_SMEM=1, TAPS=1)
 TAPS48 = Cfg(48, 32, 32, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1)  # MI = 3
+TAPS_KS = Cfg(48, 32, 64, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1, KSLICE=2)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
@@ -104,13 +113,15 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(c) for c in (REGS_PAD, ASYNC_PAD, SWZ4, SWZ8, WIDE)]
               + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
               + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
-              + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)])
+              + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)]
+              + [Spec(c) for c in KSLICES] + [Spec(KS_FP, out_f16=True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
               + [Spec(c, conv=True) for c in M2.CONV_ONE_WAVE.values()]
-              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48)]
+              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48, TAPS_KS)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
-              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48)])
+              + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48,
+                                                            TAPS_KS)])
 
 
 REAL = GEMM_SPECS + CONV_SPECS
@@ -148,9 +159,9 @@ def test_gemm_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if s.conv:
             continue
-        shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED else
+        shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED + KSLICES else
                   (GEMM_SHAPE, LONG_SHAPE, VEC_SHAPE) if s.cfg in EPIS else (GEMM_SHAPE,))
-        for shape, late in itertools.product(shapes, (False, True)):
+        for shape, late in itertools.product(shapes, (0, 1, 3)):   # early, late, reversed
             err = E.gemm_case(emu, i, *shape, rng, late)
             if v := _verdict(emu, err, s):
                 bad.append(f"{s.cfg} {shape} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
@@ -166,10 +177,10 @@ def test_conv_emulated_matches_float64(emu):
     for i, s in enumerate(REAL):
         if not s.conv:
             continue
-        for case in filter(lambda c: _runs(s, c), CONV_CASES):
-            err = E.conv_case(emu, i, *case, rng, late=True)
+        for case, late in itertools.product(filter(lambda c: _runs(s, c), CONV_CASES), (1, 3)):
+            err = E.conv_case(emu, i, *case, rng, late)
             if v := _verdict(emu, err, s):
-                bad.append(f"{s.cfg} {case}: {v}")
+                bad.append(f"{s.cfg} {case} late={late}: {v}")
     assert not bad, "\n".join(bad)
 
 
@@ -342,8 +353,8 @@ MUTANTS = {
         "store_slab((kt + 1) & 1);\n        __syncthreads();",
         "store_slab((kt + 1) & 1);\n        if (tid < 32) __syncthreads();", Spec(REGS_PAD), None),
     "next slab's first fragments from the old slot": (
-        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0)",
-        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, 0)", Spec(FP32), None),
+        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, k0)",
+        "load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, k0)", Spec(FP32), None),
     "mma.sync on the fragment set being loaded": (
         "mma_step(af[kk & 1], bf[kk & 1]);", "mma_step(af[(kk + 1) & 1], bf[(kk + 1) & 1]);",
         Spec(FP64), None),
@@ -365,11 +376,21 @@ MUTANTS = {
     "next slab's fragments read before the boundary barrier": (
         "__syncthreads();   // slab kt + 1 landed; nobody reads slot rd any more\n"
         "                const int nx = rd + 1 == STAGES ? 0 : rd + 1;\n"
-        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);",
+        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, k0);",
         "const int nx = rd + 1 == STAGES ? 0 : rd + 1;\n"
-        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);\n"
+        "                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, k0);\n"
         "                __syncthreads();", Spec(FP32), None),
     "per-thread pointers not advanced": ("ag += BK;", "", Spec(GP64), None),
+    "sliced K: every slice from step 0": ("k0 = ks * KSTEPS;", "k0 = 0;", Spec(KS_FP), None),
+    "sliced K: a slice's sums not added": ("acc[i][j][2 * h + 1] += v.y;",
+                                           "acc[i][j][2 * h + 1] = v.y;", Spec(KS_PLAIN), None),
+    "sliced K: the last slice stores C": ("const bool stores = ks == 0;",
+                                          "const bool stores = ks == KSLICE - 1;", Spec(KS4), None),
+    "sliced K: sums read before they are written": (
+        "make_float2(v0, v1);\n                });\n            __syncthreads();",
+        "make_float2(v0, v1);\n                });\n", Spec(KS_PLAIN), None),
+    "sliced K: slices' sums in one another's rows": (
+        "(EPI_SMEM ? MN_WARPS : 0) + mn)", "EPI_SMEM ? MN_WARPS : 0)", Spec(KS_FP), None),
     "per-thread pointers: Kd tail not checked": (
         "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
     "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
@@ -387,12 +408,13 @@ def test_emulator_catches_planted_bugs(emu):
         assert src.count(old) == 1, f"{name}: {old!r} is not in the source once"
         assert spec.conv == (case is not None), name
         i = len(REAL) + k
-        if case is None:
-            shape = LONG_SHAPE if spec.cfg in SCHED + EPIS else GEMM_SHAPE
-            err = E.gemm_case(emu, i, *shape, rng, late=True)
-        else:
-            err = E.conv_case(emu, i, *CONV_CASES[case], rng, late=True)
-        if not _verdict(emu, err, spec):
+        def run(late, i=i, spec=spec, case=case):
+            if case is None:
+                shape = LONG_SHAPE if spec.cfg in SCHED + EPIS + KSLICES else GEMM_SHAPE
+                return E.gemm_case(emu, i, *shape, rng, late)
+            return E.conv_case(emu, i, *CONV_CASES[case], rng, late)
+        # late copies; the threads in one order after each barrier, then in the other
+        if not any(_verdict(emu, run(late), spec) for late in (1, 3)):
             missed.append(name)
     assert not missed, f"planted bugs not caught: {missed}"
 

@@ -294,12 +294,14 @@ inline void syncwarp() { arrive_and_wait(warps[threadIdx.x / 32].bar); }
 void entry() { body(body_ctx); cur->done = true; }
 
 // Blocks one after the other; a block's threads are fibers of this one OS thread, each
-// running until it waits at a barrier; passes alternate forward and backward. A pass in
-// which no thread moves is a deadlock (a barrier some threads never reach): a fault.
+// running until it waits at a barrier; passes alternate forward and backward (the first
+// backward with bit 1 of late_: plain shared-memory races show in one order or the other).
+// A pass in which no thread moves is a deadlock (a barrier some threads never reach).
 template <typename F>
 int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const long long* bnd,
              int late_, F fn) {
-    errors = 0; conflicts = 0; late = late_;
+    errors = 0; conflicts = 0; late = late_ & 1;
+    const int flip = (late_ >> 1) & 1;
     body = [](void* f) { (*(F*)f)(); };
     body_ctx = &fn;
     for (int i = 0; i < 4; ++i) bounds[i] = (uintptr_t)bnd[i];
@@ -332,7 +334,7 @@ int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const lo
             const long long before = progress;
             int live = 0;
             for (unsigned k = 0; k < nt; ++k) {
-                Fiber& f = fs[pass % 2 ? nt - 1 - k : k];
+                Fiber& f = fs[(pass + flip) % 2 ? nt - 1 - k : k];
                 if (f.done) continue;
                 cur = &f;
                 swapcontext(&sched, &f.ctx);
@@ -557,7 +559,8 @@ class Emulator:
     def launch(self, i, grid, block, args, shared_mem, operands, late=True) -> None:
         """Run spec i as CuPy would launch it: grid (x, y), block (threads,), args = the
         three pointers then the int scalars; reads outside `operands` (arrays) are faults.
-        Sets self.errors and self.conflicts."""
+        late: bit 0, copies land only at the wait that guarantees them; bit 1, the threads'
+        order after each barrier reversed. Sets self.errors and self.conflicts."""
         s = self.specs[i]
         if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes():
             raise ValueError(f"{s.cfg}: launched with block {block}, {shared_mem} bytes")

@@ -43,7 +43,8 @@ PEAK_PATH = Path(__file__).parent / "csrc" / "mma_peak.cu"
 class MmaConfig:
     """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
     scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only); the
-    conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0)."""
+    conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0);
+    KSLICE warps per warp tile, each taking a share of every slab's 16-deep steps."""
 
     BM: int = 128
     BN: int = 128
@@ -59,18 +60,22 @@ class MmaConfig:
     SERPENTINE: int = 0
     EPI_SMEM: int = 0
     TAPS: int = 0
+    KSLICE: int = 1
     EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
     def threads(self) -> int:
-        return 32 * (self.BM // self.WM) * (self.BN // self.WN)
+        return 32 * (self.BM // self.WM) * (self.BN // self.WN) * self.KSLICE
 
     def smem_bytes(self) -> int:
         row = self.BK + (0 if self.SWIZZLE else 8)
         stages = 2 * self.STAGES * (self.BM + self.BN) * row
-        # EPI_SMEM: each warp's WM rows of WN + EPI_PAD elements, fp32 (the larger output)
-        staged = 4 * (self.threads // 32) * self.WM * (self.WN + self.EPI_PAD)
-        return max(stages, staged if self.EPI_SMEM else 0)
+        # EPI_SMEM: each warp tile's WM rows of WN + EPI_PAD elements, fp32 (the larger
+        # output); KSLICE > 1: as many again, the fp32 sums of the other slices
+        tile = 4 * self.WM * (self.WN + self.EPI_PAD)
+        mn_warps = self.threads // 32 // self.KSLICE
+        staged = tile * mn_warps * ((1 if self.EPI_SMEM else 0) + (self.KSLICE > 1))
+        return max(stages, staged)
 
     def validate(self) -> MmaConfig:
         if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:
@@ -81,8 +86,12 @@ class MmaConfig:
             raise ValueError(f"{self}: register staging uses STAGES=2")
         if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE or self.TAPS) and not self.ASYNC:
             raise ValueError(f"{self}: FRAG_PIPE, GPTR, SERPENTINE and TAPS need ASYNC=1")
-        if self.FRAG_PIPE and ((self.BK // 16) % 2 or (self.SWIZZLE and self.BK > 64)):
-            raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 even (and BK <= 64 swizzled)")
+        if self.KSLICE < 1 or (self.BK // 16) % self.KSLICE:
+            raise ValueError(f"{self}: KSLICE must divide BK / 16")
+        if self.FRAG_PIPE and ((self.BK // 16 // self.KSLICE) % 2
+                               or (self.SWIZZLE and self.BK > 64)):
+            raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 / KSLICE even (and BK <= 64 "
+                             "swizzled)")
         if (self.GPTR or self.TAPS) and (self.threads % (self.BK // 8)
                           or self.BM * (self.BK // 8) % self.threads
                           or self.BN * (self.BK // 8) % self.threads):
@@ -97,7 +106,7 @@ class MmaConfig:
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
                     SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, TAPS=self.TAPS,
-                    **extra)
+                    KSLICE=self.KSLICE, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -106,7 +115,8 @@ class MmaConfig:
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE",
-                                                    "EPI_SMEM", "TAPS") if getattr(self, k)))
+                                                    "EPI_SMEM", "TAPS") if getattr(self, k))
+                + (f" kslice {self.KSLICE}" if self.KSLICE > 1 else ""))
 
 
 STEP1 = MmaConfig(STAGES=2, ASYNC=0, SWIZZLE=0)

@@ -31,6 +31,11 @@
 //                tap (r, s), so the gather is GPTR's loader for the input: per row of A an
 //                offset and a mask of the taps inside the image, computed once; per slab
 //                one tap offset for the whole block. No division or bounds check per chunk
+//   KSLICE=2     sliced K: each warp tile is computed by two warps, one taking the first
+//                half of every slab's 16-deep steps, the other the second; their sums are
+//                added through shared memory before the epilogue (twice the warps per
+//                block for the same tile and registers per thread: more latency hidden
+//                where one block per SM is all the grid has)
 // and one epilogue switch:
 //   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots; the launcher's
 //                MmaConfig.smem_bytes covers the staged rows), then stored as 16-byte row
@@ -89,12 +94,17 @@
 #ifndef TAPS
 #define TAPS 0
 #endif
+#ifndef KSLICE
+#define KSLICE 1
+#endif
 #define USE_TAPS (TAPS && CONV)
 #define USE_GPTR ((GPTR && !CONV) || USE_TAPS)
 
 typedef unsigned short u16;  // fp16 / bf16 bits
 
-#define NWARPS ((BM / WM) * (BN / WN))
+#define MN_WARPS ((BM / WM) * (BN / WN))   // warps per slice of K
+#define NWARPS (MN_WARPS * KSLICE)
+#define KSTEPS (BK / 16 / KSLICE)   // 16-deep steps per warp and slab
 #define NTHREADS (NWARPS * 32)
 #define MI (WM / 16)
 #define NI (WN / 8)
@@ -121,9 +131,10 @@ static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block");
 static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "mma tiles are 16 x 8 x 16");
 static_assert(!SWIZZLE || KCH >= 4, "the swizzle needs rows of at least 64 bytes");
 static_assert(ASYNC || STAGES == 2, "register staging uses two buffers");
-static_assert(!FRAG_PIPE || (ASYNC && (BK / 16) % 2 == 0 && (!SWIZZLE || BK <= 64)),
-              "fragment double buffering: cp.async, an even number of 16-deep steps, and "
-              "BK <= 64 with the swizzle");
+static_assert(!FRAG_PIPE || (ASYNC && KSTEPS % 2 == 0 && (!SWIZZLE || BK <= 64)),
+              "fragment double buffering: cp.async, an even number of 16-deep steps per "
+              "warp, and BK <= 64 with the swizzle");
+static_assert(KSLICE >= 1 && (BK / 16) % KSLICE == 0, "K slices split each slab's steps");
 static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
                             B_CHUNKS % NTHREADS == 0),
               "per-thread pointers: cp.async, every thread the same column in every chunk");
@@ -265,7 +276,9 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     const int bn = (bid % per_group) / gsz;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wm = warp / (BN / WN), wn = warp % (BN / WN);
+    const int mn = warp % MN_WARPS, ks = warp / MN_WARPS;   // warp tile, slice of K
+    const int wm = mn / (BN / WN), wn = mn % (BN / WN);
+    const int k0 = ks * KSTEPS;   // this warp's first 16-deep step of every slab
     const int KT = (pb.Kd + BK - 1) / BK;
 
     float acc[MI][NI][4];
@@ -450,7 +463,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     // by 16 rows keeps), so the loop below adds constants only.
     int a_off[BK / 16], b_off[BK / 16];
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
+    for (int kk = 0; kk < BK / 16; ++kk) {   // (steps of other slices unused, folded away)
         a_off[kk] = smem_off(wm * WM + (lane & 15), kk * 2 + (lane >> 4));
         b_off[kk] = smem_off(wn * WN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
     }
@@ -490,7 +503,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     };
     auto compute_slab = [&](int slot) {
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
+        for (int kk = k0; kk < k0 + KSTEPS; ++kk) {
             unsigned af[MI][4], bf[NI / 2][4];
             load_frags(af, bf, slot, kk);
             mma_step(af, bf);
@@ -503,7 +516,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     // kt, whose fragments are then already in registers:
     //  - wait_group STAGES - 2, then the barrier: this thread's copies of slab kt + 1 have
     //    landed (slabs kt + 2 .. kt + STAGES - 1 may be in flight), after it everyone's;
-    //  - every warp issues its last ldmatrix of slot rd (slab kt) in step BK/16 - 2, before
+    //  - every warp issues its last ldmatrix of slot rd (slab kt) in step KSTEPS - 2, before
     //    that barrier, and the copies of slab kt + STAGES into slot rd come after it (at
     //    the start of slab kt + 1), so no warp can still be reading a slot being written;
     //  - the copies are issued while one fragment set is dead (the other holds step 0).
@@ -515,24 +528,24 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
     cp_async_wait<STAGES - 2>();
     __syncthreads();   // slab 0 landed for everyone
-    load_frags(af[0], bf[0], 0, 0);
+    load_frags(af[0], bf[0], 0, k0);
     int rd = 0, wr = STAGES - 1;   // slots of slab kt and of slab kt - 1
     for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) {
+        for (int kk = 0; kk < KSTEPS; ++kk) {   // this warp's steps k0 + kk
             if (kk == 0) {
                 if (kt + STAGES - 1 < KT) load_slab(wr, kt + STAGES - 1);
                 cp_async_commit();
             }
-            if (kk == BK / 16 - 1) {
+            if (kk == KSTEPS - 1) {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();   // slab kt + 1 landed; nobody reads slot rd any more
                 const int nx = rd + 1 == STAGES ? 0 : rd + 1;
-                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, 0);
+                if (kt + 1 < KT) load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], nx, k0);
                 wr = rd;
                 rd = nx;
             } else {
-                load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, kk + 1);
+                load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], rd, k0 + kk + 1);
             }
             mma_step(af[kk & 1], bf[kk & 1]);
         }
@@ -565,6 +578,40 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
 #endif
 
+#if KSLICE > 1
+    // the slices' sums: slices 1.. add theirs, in turn, into fp32 rows of the idle pipeline
+    // buffers (one WM x (WN + EPAD) tile per warp tile, after the staging rows below), and
+    // slice 0 adds them to its accumulators; only slice 0 stores C
+    {
+        constexpr int RLD = WN + EPAD;
+        float* red = reinterpret_cast<float*>(smem) + ((EPI_SMEM ? MN_WARPS : 0) + mn) * WM * RLD;
+        for (int s = 1; s < KSLICE; ++s) {
+            __syncthreads();   // every ldmatrix done (s = 1), or slice 0 read slice s - 1
+            if (ks == s)
+                each_pair(acc, lane, [&](int r, int c, float v0, float v1) {
+                    *reinterpret_cast<float2*>(red + r * RLD + c) = make_float2(v0, v1);
+                });
+            __syncthreads();
+            if (ks == 0) {
+                const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+                for (int i = 0; i < MI; ++i)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float2 v = *reinterpret_cast<const float2*>(
+                                red + (i * 16 + g + h * 8) * RLD + j * 8 + 2 * t);
+                            acc[i][j][2 * h] += v.x;
+                            acc[i][j][2 * h + 1] += v.y;
+                        }
+            }
+        }
+    }
+    const bool stores = ks == 0;
+#else
+    const bool stores = true;
+#endif
     const int row0 = bm * BM + wm * WM, col0 = bn * BN + wn * WN;
 #if EPI_SMEM
     // through shared memory: each warp writes its tile into its own rows of the (now idle)
@@ -572,7 +619,8 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     // then stores whole rows in 16-byte chunks
     constexpr int ELD = WN + EPAD, VEC = 16 / (int)sizeof(OUT_T), CPR = WN / VEC;
     __syncthreads();   // every warp's last ldmatrix is done: the slots can be reused
-    OUT_T* cs = reinterpret_cast<OUT_T*>(smem) + warp * WM * ELD;
+    if (!stores) return;   // no barrier below
+    OUT_T* cs = reinterpret_cast<OUT_T*>(smem) + mn * WM * ELD;
     each_pair(acc, lane, [&](int r, int c, float v0, float v1) {
         store_pair(cs + r * ELD + c, v0, v1);
     });
@@ -591,6 +639,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         }
     }
 #else
+    if (!stores) return;
     each_pair(acc, lane, [&](int r, int c, float v0, float v1) {
         const int row = row0 + r, col = col0 + c;
         if (row < pb.M && col < pb.N)
