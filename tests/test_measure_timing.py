@@ -1,5 +1,6 @@
 """convlab.measure.timing's sustained timer: nvidia-smi's samples read right, the slowing
-reasons named, and tensor_cores' back-to-back race averaged and compared right."""
+reasons named, and tensor_cores' back-to-back race averaged and compared right; the cuDNN
+anchor of tensor_cores' races is the fastest of several autotunes."""
 
 from __future__ import annotations
 
@@ -99,3 +100,32 @@ def test_sustained_times_back_to_back_and_reads_the_clock():
     assert r["calls"] >= 10 and 0 < r["ms"] < 300 / r["calls"] * 2
     if timing._smi_fields():
         assert r["samples"] > 0 and 100 < r["sm_mhz"] < 4000 and r["power_w"] > 0
+
+
+def test_cudnn_anchor_is_the_fastest_of_the_autotunes(monkeypatch):
+    """Each cache key (allow_tf32, deterministic) autotunes once; the race takes the fastest
+    pick, lists every pick, and leaves the flags as it found them."""
+    from types import SimpleNamespace
+
+    flags = SimpleNamespace(allow_tf32=False, deterministic=False, benchmark=True)
+    # the kernel each key's autotune keeps, and its time: the third key's pick is fastest
+    picks = {(True, False): ("k_256x64", 0.0252), (True, True): ("k_64x64", 0.0263),
+             (False, False): ("k_128x64", 0.0240), (False, True): ("k_256x64", 0.0251)}
+    calls = []
+
+    def run():
+        calls.append((flags.allow_tf32, flags.deterministic))
+
+    def fake_row(ctx, name, fn, flops, prec, queued=False):
+        fn()
+        kernel, ms = picks[flags.allow_tf32, flags.deterministic]
+        return dict(name=name, ms=ms, kernels=["Memset (Device)", kernel],
+                    algorithm="implicit GEMM")
+
+    monkeypatch.setattr(TC, "_library_row", fake_row)
+    row = TC._cudnn_best_row(None, "cuDNN fp16 NHWC", run, 1e9, "fp16", flags)
+    assert row["ms"] == 0.0240 and row["kernels"][-1] == "k_128x64"
+    assert sorted((a["allow_tf32"], a["deterministic"]) for a in row["autotunes"]) == sorted(picks)
+    assert {a["kernel"] for a in row["autotunes"]} == {"k_256x64", "k_64x64", "k_128x64"}
+    assert set(calls) == set(picks)               # every key ran (autotune, then timing)
+    assert (flags.allow_tf32, flags.deterministic) == (False, False)   # restored

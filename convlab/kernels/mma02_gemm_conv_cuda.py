@@ -143,9 +143,10 @@ CONV_TILES = {
     (96, 128): replace(STEP3, BM=96, WM=48, STAGES=4, **CONV_SWITCHES),
     (64, 128): replace(STEP3, BM=64, WM=32, BK=64, STAGES=3, **CONV_SWITCHES),
 }
-# where the grid is one block per SM (a single wave), 8 warps per block instead of 4
+# where the grid is one block per SM (a single wave), 8 warps per block instead of 4: two
+# per 48 x 64 warp tile, each taking half of every slab (sliced K)
 CONV_ONE_WAVE = {
-    (96, 128): replace(STEP3, BM=96, WM=48, WN=32, BK=64, STAGES=4, **CONV_SWITCHES),
+    (96, 128): replace(STEP3, BM=96, WM=48, BK=64, STAGES=3, KSLICE=2, **CONV_SWITCHES),
 }
 # the earlier conv tiles: the chunk-by-chunk gather, direct stores (lesson 12's steps)
 CONV_GATHER = (replace(STEP3, BM=64, WM=32, BK=64, STAGES=3),
