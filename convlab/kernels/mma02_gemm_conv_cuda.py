@@ -137,6 +137,7 @@ GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1))
 # config; block heights of 96 fill whole waves where 128 leaves SMs idle.
 CONV_SWITCHES = dict(TAPS=1, FRAG_PIPE=1, EPI_SMEM=1)
 CONV_TILES = {
+    (192, 64): replace(STEP3, BM=192, BN=64, WM=48, STAGES=4, **CONV_SWITCHES),
     (128, 64): replace(STEP3, BN=64, WM=32, STAGES=4, **CONV_SWITCHES),
     (96, 64): replace(STEP3, BM=96, BN=64, WM=48, WN=32, STAGES=4, **CONV_SWITCHES),
     (128, 128): replace(STEP3, STAGES=4, **CONV_SWITCHES),
@@ -286,9 +287,9 @@ def wave_fill(blocks: int, slots: int) -> float:
 
 def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
     """The conv tile for M output pixels x K filters, without timing: 64 filters wide when
-    K <= 64, else 128; then the tallest block (128, 96, 64 rows) whose blocks fill the waves
-    on `sms` SMs within 2% of the best fill (counted at one block per SM); its 8-warp form
-    (`CONV_ONE_WAVE`) when those blocks are at most one per SM."""
+    K <= 64, else 128; then the tallest block (192 or 128, 96, 64 rows) whose blocks fill
+    the waves on `sms` SMs within 2% of the best fill (counted at one block per SM); its
+    8-warp form (`CONV_ONE_WAVE`) when those blocks are at most one per SM."""
     bn = 64 if K <= 64 else 128
     tiles = [(bm, cfg) for (bm, b), cfg in CONV_TILES.items() if b == bn]
     if M is None:
