@@ -192,9 +192,9 @@ __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {  // lo in t
 
 // The accumulators' fragment layout: thread (g = lane / 4, t = lane % 4) holds rows g, g + 8
 // and columns 2t, 2t + 1 of each 16 x 8 tile; f(r, c, v0, v1) for each pair of neighbours,
-// r and c inside the warp's WM x WN tile.
+// r and c inside the warp's WM x WN tile (v0, v1 the accumulators themselves).
 template <class F>
-__device__ __forceinline__ void each_pair(const float (&acc)[MI][NI][4], int lane, F f) {
+__device__ __forceinline__ void each_pair(float (&acc)[MI][NI][4], int lane, F f) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
@@ -592,20 +592,12 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                     *reinterpret_cast<float2*>(red + r * RLD + c) = make_float2(v0, v1);
                 });
             __syncthreads();
-            if (ks == 0) {
-                const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-                for (int i = 0; i < MI; ++i)
-#pragma unroll
-                    for (int j = 0; j < NI; ++j)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const float2 v = *reinterpret_cast<const float2*>(
-                                red + (i * 16 + g + h * 8) * RLD + j * 8 + 2 * t);
-                            acc[i][j][2 * h] += v.x;
-                            acc[i][j][2 * h + 1] += v.y;
-                        }
-            }
+            if (ks == 0)
+                each_pair(acc, lane, [&](int r, int c, float& v0, float& v1) {
+                    const float2 v = *reinterpret_cast<const float2*>(red + r * RLD + c);
+                    v0 += v.x;
+                    v1 += v.y;
+                });
         }
     }
     const bool stores = ks == 0;
