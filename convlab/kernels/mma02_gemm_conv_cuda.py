@@ -64,8 +64,12 @@ class MmaConfig:
     EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
+    def warp_tiles(self) -> int:
+        return (self.BM // self.WM) * (self.BN // self.WN)
+
+    @property
     def threads(self) -> int:
-        return 32 * (self.BM // self.WM) * (self.BN // self.WN) * self.KSLICE
+        return 32 * self.warp_tiles * self.KSLICE
 
     def smem_bytes(self) -> int:
         row = self.BK + (0 if self.SWIZZLE else 8)
@@ -73,8 +77,7 @@ class MmaConfig:
         # EPI_SMEM: each warp tile's WM rows of WN + EPI_PAD elements, fp32 (the larger
         # output); KSLICE > 1: as many again, the fp32 sums of the other slices
         tile = 4 * self.WM * (self.WN + self.EPI_PAD)
-        mn_warps = self.threads // 32 // self.KSLICE
-        staged = tile * mn_warps * ((1 if self.EPI_SMEM else 0) + (self.KSLICE > 1))
+        staged = tile * self.warp_tiles * ((1 if self.EPI_SMEM else 0) + (self.KSLICE > 1))
         return max(stages, staged)
 
     def validate(self) -> MmaConfig:

@@ -249,7 +249,7 @@ def _cudnn_best_row(ctx, name, run, flops, label, cudnn):
     try:
         for tf32, det in AUTOTUNE_KEYS:
             cudnn.allow_tf32, cudnn.deterministic = tf32, det
-            run()   # this key's autotune
+            # this key's autotune runs in the timer's warm-up calls
             row = _library_row(ctx, name, run, flops, label, queued=True)
             picks.append((row, dict(allow_tf32=tf32, deterministic=det, ms=row["ms"],
                                     kernel=next((k for k in row["kernels"]
