@@ -63,7 +63,8 @@ GP64 = Cfg(32, 32, 64, 16, 16, STAGES=3, GPTR=1)                    # 2 chunks p
 BOTH32 = Cfg(32, 64, 32, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1)     # 2 A, 4 B chunks
 BOTH64 = Cfg(32, 32, 64, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1)
 SERP = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, SERPENTINE=1)
-SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP)
+FP128 = Cfg(32, 32, 128, 16, 16, STAGES=3, FRAG_PIPE=1)   # the XOR reaches the second line
+SCHED = (FP32, FP64, FP_PAD, GP32, GP64, BOTH32, BOTH64, SERP, FP128)
 # the staged epilogue after the plain pipeline, the register double buffer and both switches
 EPI = Cfg(32, 32, 32, 16, 16, STAGES=3, EPI_SMEM=1)
 EPI_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, EPI_SMEM=1)
@@ -76,7 +77,8 @@ KS_REGS = Cfg(32, 32, 32, 16, 16, STAGES=2, ASYNC=0, SWIZZLE=0, KSLICE=2)
 KS_PLAIN = Cfg(32, 32, 32, 16, 16, STAGES=3, KSLICE=2)
 KS4 = Cfg(32, 32, 64, 16, 16, STAGES=3, KSLICE=4)
 KS_FP = Cfg(32, 64, 64, 16, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, KSLICE=2)
-KSLICES = (KS_REGS, KS_PLAIN, KS4, KS_FP)
+KS128 = Cfg(32, 64, 128, 16, 32, STAGES=3, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, KSLICE=2)
+KSLICES = (KS_REGS, KS_PLAIN, KS4, KS_FP, KS128)
 # the conv's one-tap-per-slab loader: 4- and 8-chunk rows, with the fragment pipeline and
 # the staged epilogue
 TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
@@ -84,6 +86,7 @@ TAPS64 = Cfg(32, 32, 64, 16, 16, STAGES=4, FRAG_PIPE=1, GROUP_M=2, TAPS=1)
 TAPS_EPI = Cfg(32, 64, 64, 32, 32, STAGES=3, EPI_SMEM=1, TAPS=1)
 TAPS48 = Cfg(48, 32, 32, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1)  # MI = 3
 TAPS_KS = Cfg(48, 32, 64, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1, KSLICE=2)
+TAPS128 = Cfg(48, 32, 128, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1, KSLICE=2)
 
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
@@ -97,12 +100,18 @@ CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 64, 5, 5), (36, 64, 3, 3), 1, 2, 2),
     ((1, 64, 6, 7), (40, 64, 3, 2), (1, 2), (1, 0), (2, 1)),
     ((2, 32, 5, 5), (12, 32, 3, 3), 2, 1, 1),
+    # C = 128 for the slabs of 128 (one tap each): 9 slabs, two filter tiles
+    ((1, 128, 4, 5), (36, 128, 3, 3), 1, 1, 1),
 ]
 
 
 def _runs(spec, case) -> bool:
-    """TAPS kernels only see the layers their launcher gives them (C % BK == 0)."""
-    return not spec.cfg.TAPS or case[0][1] % spec.cfg.BK == 0
+    """TAPS kernels only see the layers their launcher gives them (C % BK == 0); the
+    C = 128 case runs for the slabs of 128 only (the others' paths are reached already)."""
+    C = case[0][1]
+    if C == 128:
+        return spec.cfg.BK == 128
+    return not spec.cfg.TAPS or C % spec.cfg.BK == 0
 
 
 def _unique(cfgs):
@@ -118,10 +127,11 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
               + [Spec(c, conv=True) for c in M2.CONV_ONE_WAVE.values()]
-              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48, TAPS_KS)]
+              + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48, TAPS_KS,
+                                              TAPS128)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
               + [Spec(c, conv=True, out_f16=True) for c in (TAPS64, TAPS_EPI, TAPS48,
-                                                            TAPS_KS)])
+                                                            TAPS_KS, TAPS128)])
 
 
 REAL = GEMM_SPECS + CONV_SPECS
@@ -306,6 +316,8 @@ MUTANTS = {
                                           "kk * 2 + ((lane >> 3) & 1))", Spec(SWZ4), None),
     "B ldmatrix matrices 2, 3 not 8 rows on": (" + ((lane >> 4) << 3)", "", Spec(WIDE), None),
     "swizzle XOR with r / 2": ("((c ^ r) & 7)", "((c ^ (r >> 1)) & 7)", Spec(SWZ8), None),
+    "fragment XOR kept inside the first line": ("(size_t)(kk * 32)", "(size_t)((kk & 3) * 32)",
+                                               Spec(FP128), None),
     "line swizzle without XOR": ("((idx ^ line) & 7)", "(idx & 7)", Spec(SWZ4), None),
     "rows not padded": ("#define LDS (BK + 8)", "#define LDS BK", Spec(ASYNC_PAD), None),
     "conv padding check dropped": ("kd < pb.Kd && h >= 0 && ", "kd < pb.Kd && ", CONV4, 0),
@@ -490,6 +502,42 @@ def test_scheduling_switches_compile_to_ptx():
     taps = replace(tiles[1], FRAG_PIPE=1, TAPS=1)   # the conv's loader, sm_80 and sm_90
     for arch in ("compute_80", "compute_90"):
         _check_ptx(M2.compile_ptx(taps, arch, conv=True), taps)
+
+
+def test_swizzle_and_fragment_pipeline_refuse_rows_they_cannot_map():
+    """The swizzle XORs a chunk inside its 128-byte line: rows of 4 chunks or of whole
+    lines only (BK = 96's chunks 8..11 would land in the next row); the fragment
+    pipeline's address XOR needs BK a power of two (32, 64, 128)."""
+    small = replace(M2.STEP3, BM=64, BN=64, WM=32, WN=32, STAGES=2)
+    for bk in (32, 64, 128, 192, 256):
+        replace(small, BK=bk).validate()
+    for bk in (48, 80, 96, 112, 160):
+        with pytest.raises(ValueError, match="with the swizzle"):
+            replace(small, BK=bk).validate()
+        replace(small, BK=bk, SWIZZLE=0).validate()   # padded rows: any BK
+    for bk in (32, 64, 128):
+        replace(small, BK=bk, FRAG_PIPE=1).validate()
+    with pytest.raises(ValueError, match="FRAG_PIPE"):
+        replace(small, BK=192, FRAG_PIPE=1).validate()
+
+
+@needs_nvrtc
+def test_the_kernel_refuses_what_validate_refuses():
+    """mma_sync.cu's static_asserts stop the configurations MmaConfig.validate refuses,
+    for a caller that skips validate (the -D switches straight to NVRTC)."""
+    from convlab.kernels._nvrtc import nvrtc_ptx
+
+    def compiles(cfg):
+        try:
+            nvrtc_ptx(M2.source(), "mma_sync.cu", (), "compute_90", options=cfg.defines())
+            return True
+        except RuntimeError as e:
+            assert "static assertion" in str(e) or "static_assert" in str(e), e
+            return False
+
+    assert compiles(replace(M2.STEP3, BK=128, STAGES=2, FRAG_PIPE=1))
+    assert not compiles(replace(M2.STEP3, BK=96, STAGES=2))
+    assert not compiles(replace(M2.STEP3, BK=192, STAGES=2, FRAG_PIPE=1))
 
 
 @pytest.mark.gpu

@@ -83,8 +83,9 @@ class MmaConfig:
     def validate(self) -> MmaConfig:
         if self.BM % self.WM or self.BN % self.WN or self.WM % 16 or self.WN % 16:
             raise ValueError(f"{self}: warps of 16-multiples must tile the block")
-        if self.BK % 16 or (self.SWIZZLE and self.BK < 32):
-            raise ValueError(f"{self}: BK must be a multiple of 16 (32 with the swizzle)")
+        if self.BK % 16 or (self.SWIZZLE and self.BK != 32 and self.BK % 64):
+            raise ValueError(f"{self}: BK must be a multiple of 16 (32 or a multiple of 64 "
+                             "with the swizzle: rows of 64 bytes or of whole 128-byte lines)")
         if not self.ASYNC and self.STAGES != 2:
             raise ValueError(f"{self}: register staging uses STAGES=2")
         if (self.FRAG_PIPE or self.GPTR or self.SERPENTINE or self.TAPS) and not self.ASYNC:
@@ -92,9 +93,9 @@ class MmaConfig:
         if self.KSLICE < 1 or (self.BK // 16) % self.KSLICE:
             raise ValueError(f"{self}: KSLICE must divide BK / 16")
         if self.FRAG_PIPE and ((self.BK // 16 // self.KSLICE) % 2
-                               or (self.SWIZZLE and self.BK > 64)):
-            raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 / KSLICE even (and BK <= 64 "
-                             "swizzled)")
+                               or (self.SWIZZLE and self.BK not in (32, 64, 128))):
+            raise ValueError(f"{self}: FRAG_PIPE needs BK / 16 / KSLICE even (and BK 32, 64 "
+                             "or 128 swizzled)")
         if (self.GPTR or self.TAPS) and (self.threads % (self.BK // 8)
                           or self.BM * (self.BK // 8) % self.threads
                           or self.BN * (self.BK // 8) % self.threads):

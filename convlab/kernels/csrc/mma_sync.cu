@@ -13,15 +13,17 @@
 //   ASYNC=0    global -> registers -> shared, two buffers (the classic double buffer)
 //   ASYNC=1    cp.async 16-byte copies, STAGES slabs in flight (wait_group STAGES-2)
 //   SWIZZLE=0  rows padded by 8 halves (ldmatrix's 8 row addresses hit 8 bank groups)
-//   SWIZZLE=1  no padding: 16-byte chunk c of row r is stored at chunk c ^ (r % 8) (rows of
-//              >= 8 chunks) or, for 4-chunk rows, XOR over 128-byte lines
+//   SWIZZLE=1  no padding: 16-byte chunk c of row r is stored at chunk c ^ (r % 8) inside
+//              its 128-byte line (rows of 8, 16.. chunks) or, for 4-chunk rows, XOR over
+//              128-byte lines
 //   CONV=1     A is gathered from an NHWC input (implicit GEMM: row m = output pixel
 //              (n, p, q), column kd = (r, s, c)); padding comes from zero-filled copies
 //   OUT_F16=1  C stored as fp16 (else fp32)
 // and three scheduling switches (ASYNC=1 only; off by default):
 //   FRAG_PIPE=1  two sets of fragment registers: the ldmatrix of step kk + 1 is issued
 //                before the mma.sync of step kk, across slab boundaries too (the wait and
-//                the barrier move to just before the last step's mma.sync); BK 32 or 64
+//                the barrier move to just before the last step's mma.sync); BK 32, 64 or
+//                128 with the swizzle
 //   GPTR=1       GEMM loads from per-thread pointers and row masks computed once, advanced
 //                by BK per slab: no multiply or row check per chunk, only the Kd tail
 //                check (ignored with CONV=1, whose gather has its own per-row state)
@@ -129,11 +131,13 @@ typedef unsigned short u16;  // fp16 / bf16 bits
 
 static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block");
 static_assert(WM % 16 == 0 && WN % 16 == 0 && BK % 16 == 0, "mma tiles are 16 x 8 x 16");
-static_assert(!SWIZZLE || KCH >= 4, "the swizzle needs rows of at least 64 bytes");
+static_assert(!SWIZZLE || KCH == 4 || KCH % 8 == 0,
+              "the swizzle needs rows of 64 bytes or of whole 128-byte lines (BK 32, 64, 128..)");
 static_assert(ASYNC || STAGES == 2, "register staging uses two buffers");
-static_assert(!FRAG_PIPE || (ASYNC && KSTEPS % 2 == 0 && (!SWIZZLE || BK <= 64)),
+static_assert(!FRAG_PIPE || (ASYNC && KSTEPS % 2 == 0 &&
+                             (!SWIZZLE || BK == 32 || BK == 64 || BK == 128)),
               "fragment double buffering: cp.async, an even number of 16-deep steps per "
-              "warp, and BK <= 64 with the swizzle");
+              "warp, and BK 32, 64 or 128 with the swizzle");
 static_assert(KSLICE >= 1 && (BK / 16) % KSLICE == 0, "K slices split each slab's steps");
 static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
                             B_CHUNKS % NTHREADS == 0),
@@ -262,7 +266,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                 int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
                 int ph, int pw, int dh, int dw) {
     const Problem pb = {M, N, Kd, H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw};
-    extern __shared__ __align__(128) u16 smem[];
+    extern __shared__ __align__(256) u16 smem[];
     u16* As = smem;
     u16* Bs = smem + STAGES * A_STAGE;
 
@@ -471,8 +475,9 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     // Step kk reads chunk 2 kk (+ the lane's half) of its rows: the swizzle XORs the chunk
     // index with 2 kk, the padding adds it, so one offset per lane and operand serves every
     // kk (fewer live registers beside the second set of fragments). The XOR goes on the
-    // address, after the slot's base: it flips bits 5 and 6 only (BK <= 64), inside the
-    // 128-byte lines the stages are aligned to.
+    // address, after the slot's base: it flips bits 5 to 4 + log2(BK / 16) only (bit 7
+    // with BK = 128: chunk 8 onwards lies in the row's second line, which the swizzle
+    // leaves in place), inside the 2 BK-byte rows the stages are aligned to.
     auto frag_base = [&](const u16* stage, int off0, int kk) {
         const u16* p = stage + off0;
         return SWIZZLE ? (const u16*)((size_t)p ^ (size_t)(kk * 32)) : p + kk * 16;
