@@ -127,6 +127,7 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
               + [Spec(c, conv=True) for c in M2.CONV_ONE_WAVE.values()]
+              + [Spec(M2.CONV_TILES[192, 128], conv=True)]   # 8 warps, slabs of 64
               + [Spec(c, conv=True) for c in (TAPS32, TAPS64, TAPS_EPI, TAPS48, TAPS_KS,
                                               TAPS128)]
               + [Spec(replace(TAPS32, TAPS=0), conv=True)]   # TAPS32 where C % BK != 0
@@ -303,8 +304,9 @@ def test_choose_conv_fills_the_waves():
         assert all(bm <= cfg.BM or f < max(fills.values()) - 0.02 for bm, f in fills.items())
         picked[K, M, sms] = cfg.BM
     assert picked[256, 6272, 132] == 96 and picked[64, 32 * 56 * 56, 132] == 192
+    assert picked[128, 32 * 28 * 28, 132] == 192   # 131 blocks of 192 x 128: one wave
     assert M2.choose_conv(256, 6272, 132).threads == 256    # one wave: 8 warps
-    assert M2.choose_conv(128, 32 * 28 * 28, 132).threads == 128
+    assert M2.choose_conv(128, 32 * 28 * 28, 132).threads == 256    # 4 x 2 warp tiles
 
 # one-line bugs in the index logic: (text, replacement, spec, conv case or None for GEMM)
 CONV4, F16OUT = Spec(SWZ4, conv=True), Spec(SWZ8, out_f16=True)

@@ -144,6 +144,7 @@ CONV_TILES = {
     (192, 64): replace(STEP3, BM=192, BN=64, WM=48, STAGES=4, **CONV_SWITCHES),
     (128, 64): replace(STEP3, BN=64, WM=32, STAGES=4, **CONV_SWITCHES),
     (96, 64): replace(STEP3, BM=96, BN=64, WM=48, WN=32, STAGES=4, **CONV_SWITCHES),
+    (192, 128): replace(STEP3, BM=192, WM=48, BK=64, STAGES=4, **CONV_SWITCHES),
     (128, 128): replace(STEP3, STAGES=4, **CONV_SWITCHES),
     (96, 128): replace(STEP3, BM=96, WM=48, STAGES=4, **CONV_SWITCHES),
     (64, 128): replace(STEP3, BM=64, WM=32, BK=64, STAGES=3, **CONV_SWITCHES),
@@ -291,7 +292,7 @@ def wave_fill(blocks: int, slots: int) -> float:
 
 def choose_conv(K: int, M: int | None = None, sms: int = 132) -> MmaConfig:
     """The conv tile for M output pixels x K filters, without timing: 64 filters wide when
-    K <= 64, else 128; then the tallest block (192 or 128, 96, 64 rows) whose blocks fill
+    K <= 64, else 128; then the tallest block (192, 128, 96, 64 rows) whose blocks fill
     the waves on `sms` SMs within 2% of the best fill (counted at one block per SM); its
     8-warp form (`CONV_ONE_WAVE`) when those blocks are at most one per SM."""
     bn = 64 if K <= 64 else 128

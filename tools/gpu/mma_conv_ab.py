@@ -8,8 +8,8 @@ Medians of ROUNDS rounds (default 5); a table last, JSON in $OUT/mma_conv_ab.jso
     . tools/device_env.sh && BASE=/tmp/mma_sync_base.cu OUT=/tmp/out \\
         python3 tools/gpu/mma_conv_ab.py
 
-TILES=BMxBNxBK/WMxWN/STAGES[/kKSLICE],... adds tiles (the conv's switches on) beside each layer's
-choice, timed from the working tree's source only.
+TILES=BMxBNxBK/WMxWN/STAGES[/kKSLICE][/SWITCH=V...],... adds tiles (the conv's switches on)
+beside each layer's choice, timed from the working tree's source only.
 """
 
 import functools
@@ -37,15 +37,19 @@ CUDNN = "cuDNN fp16 NHWC"
 
 
 def parse_tiles(spec: str) -> list:
-    """'BMxBNxBK/WMxWN/STAGES[/kKSLICE],...' -> MmaConfigs with the conv's switches."""
+    """'BMxBNxBK/WMxWN/STAGES[/kKSLICE][/SWITCH=V...],...' -> MmaConfigs with the conv's
+    switches (SWITCH: any MmaConfig field, e.g. SERPENTINE=1)."""
     out = []
     for item in filter(None, spec.split(",")):
-        tile, warp, stages, *kslice = item.split("/")
+        tile, warp, stages, *rest = item.split("/")
         bm, bn, bk = (int(v) for v in tile.split("x"))
         wm, wn = (int(v) for v in warp.split("x"))
+        extra = dict(MM.CONV_SWITCHES, KSLICE=1)
+        for r in rest:
+            key, _, val = r.partition("=")
+            extra.update({key: int(val)} if val else {"KSLICE": int(r.lstrip("k"))})
         out.append(replace(MM.STEP3, BM=bm, BN=bn, BK=bk, WM=wm, WN=wn, STAGES=int(stages),
-                           KSLICE=int(kslice[0].lstrip("k")) if kslice else 1,
-                           **MM.CONV_SWITCHES))
+                           **extra))
     return out
 
 
