@@ -79,6 +79,11 @@ KS4 = Cfg(32, 32, 64, 16, 16, STAGES=3, KSLICE=4)
 KS_FP = Cfg(32, 64, 64, 16, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, KSLICE=2)
 KS128 = Cfg(32, 64, 128, 16, 32, STAGES=3, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, KSLICE=2)
 KSLICES = (KS_REGS, KS_PLAIN, KS4, KS_FP, KS128)
+# stream-K (the GEMM's last wave shared by slabs): direct and staged stores; the top tile
+SK32 = Cfg(32, 32, 32, 16, 16, STAGES=3, FRAG_PIPE=1, GPTR=1, STREAMK=1)
+SK64 = Cfg(32, 64, 64, 32, 32, STAGES=4, FRAG_PIPE=1, GPTR=1, EPI_SMEM=1, STREAMK=1)
+SK_TOP = replace(M2.GEMM_TOP, EPI_SMEM=1, STREAMK=1)
+STREAMKS = (SK32, SK64, SK_TOP)
 # the conv's one-tap-per-slab loader: 4- and 8-chunk rows, with the fragment pipeline and
 # the staged epilogue
 TAPS32 = Cfg(32, 32, 32, 16, 16, STAGES=3, TAPS=1)
@@ -91,6 +96,12 @@ TAPS128 = Cfg(48, 32, 128, 48, 16, STAGES=3, FRAG_PIPE=1, EPI_SMEM=1, TAPS=1, KS
 GEMM_SHAPE = (70, 36, 168)   # M, N, K: partial tiles in M and N, a K tail of 8
 LONG_SHAPE = (37, 50, 424)   # 7 slabs of 64 (a tail of 40), 14 of 32: every slot reused
 VEC_SHAPE = (33, 40, 64)     # rows of 16-byte multiples in fp16 as well as fp32
+# (shape, SMs) for stream-K: a tail of 1, 2, 3 tiles; every tile shared (fewer tiles than
+# SMs); shares of two segments (LONG_SHAPE on 6: the tail of one tile, the head of the
+# next); whole waves (no sharing)
+SK_CASES = [(GEMM_SHAPE, 4), (GEMM_SHAPE, 5), (LONG_SHAPE, 3), (LONG_SHAPE, 6),
+            (LONG_SHAPE, 8), (LONG_SHAPE, 4), (GEMM_SHAPE, 132)]
+SK_TOP_CASES = [((300, 520, 200), 4), ((300, 520, 200), 5)]   # 9 tiles of 128 x 256
 CONV_CASES = [  # x (N, C, H, W), w (K, C, R, S), stride, padding, dilation
     ((2, 16, 5, 5), (12, 16, 3, 3), 2, 1, 1),
     ((2, 16, 5, 5), (12, 16, 3, 3), 1, 2, 2),
@@ -123,7 +134,8 @@ GEMM_SPECS = ([Spec(c) for c in _unique(M2.LADDER.values())]
               + [Spec(SWZ8, out_f16=True), Spec(SWZ4, bf16=True)]
               + [Spec(c) for c in SCHED] + [Spec(BOTH32, bf16=True)]
               + [Spec(c, out_f16=f16) for c in EPIS for f16 in (False, True)]
-              + [Spec(c) for c in KSLICES] + [Spec(KS_FP, out_f16=True)])
+              + [Spec(c) for c in KSLICES] + [Spec(KS_FP, out_f16=True)]
+              + [Spec(c) for c in STREAMKS] + [Spec(SK64, out_f16=True)])
 CONV_SPECS = ([Spec(c, conv=True) for c in (REGS_PAD, SWZ4, SWZ8, BOTH64)]  # GPTR: no-op
               + [Spec(c, conv=True) for c in _unique(M2.CONV_CANDIDATES[:2])]  # the launcher's
               + [Spec(c, conv=True) for c in M2.CONV_ONE_WAVE.values()]
@@ -168,7 +180,7 @@ def test_gemm_emulated_matches_float64(emu):
     rng = np.random.default_rng(11)
     bad = []
     for i, s in enumerate(REAL):
-        if s.conv:
+        if s.conv or s.cfg in STREAMKS:
             continue
         shapes = ((GEMM_SHAPE, LONG_SHAPE) if s.cfg in SCHED + KSLICES else
                   (GEMM_SHAPE, LONG_SHAPE, VEC_SHAPE) if s.cfg in EPIS else (GEMM_SHAPE,))
@@ -177,6 +189,48 @@ def test_gemm_emulated_matches_float64(emu):
             if v := _verdict(emu, err, s):
                 bad.append(f"{s.cfg} {shape} f16out={s.out_f16} bf16={s.bf16} late={late}: {v}")
     assert not bad, "\n".join(bad)
+
+
+@needs_gxx
+def test_stream_k_emulated_matches_float64(emu):
+    """Stream-K: tails of 1-3 tiles, every tile shared, shares of two segments, whole
+    waves; sums NaN-poisoned and guarded in the workspace, its flags zero again after the
+    run; a wait for a block that has not run yet is a fault."""
+    rng = np.random.default_rng(15)
+    bad = []
+    for i, s in enumerate(REAL):
+        if s.cfg not in STREAMKS:
+            continue
+        cases = SK_TOP_CASES if s.cfg == SK_TOP else SK_CASES
+        for (shape, sms), late in itertools.product(cases, (0, 1, 3)):
+            err = E.gemm_case(emu, i, *shape, rng, late, sms)
+            if v := _verdict(emu, err, s):
+                bad.append(f"{s.cfg} {shape} on {sms} SMs f16out={s.out_f16} late={late}: {v}")
+    assert not bad, "\n".join(bad)
+
+
+def test_stream_k_shares_cover_the_tail_once():
+    """stream_k_split and the kernel's shares (its sk_begin, in Python): the tail's slabs
+    each in one share, shares shorter than a tile (at most two segments), blocks no more
+    than SMs; the H200's 4096^3 at 128 x 256: 512 tiles, 3 whole waves, 116 shared by 132."""
+    top = SK_TOP
+    assert M2.stream_k_split(top, 4096, 4096, 4096, 132) == (116, 132)
+    assert M2.stream_k_split(M2.GEMM_TOP, 4096, 4096, 4096, 132) == (0, 0)   # no STREAMK
+    assert M2.stream_k_split(top, 4096, 4096, 4096, 128) == (0, 0)           # whole waves
+    assert M2.stream_k_split(top, 128 * 131, 256, 64, 132) == (0, 0)         # 99% full
+    assert M2.grid_of(top, 4096, 4096, 116, 132) == (512 - 116 + 132, 1)
+    for M, N, K, sms in itertools.product((1, 300, 4096), (256, 1000), (8, 520, 4096),
+                                          (1, 7, 132)):
+        tiles, kt = -(-M // top.BM) * -(-N // top.BN), -(-K // top.BK)
+        sk_tiles, sk_blocks = M2.stream_k_split(top, M, N, K, sms)
+        if not sk_tiles:
+            continue
+        assert sk_tiles == tiles % sms and 1 <= sk_blocks <= sms
+        begin = [s * sk_tiles * kt // sk_blocks for s in range(sk_blocks + 1)]
+        sizes = np.diff(begin)
+        assert begin[-1] == sk_tiles * kt and sizes.min() >= 1 and sizes.max() <= kt
+        assert M2.work_floats(top, sk_blocks) == M2.SK_FLAGS + sk_blocks * top.BM * top.BN
+    assert f"#define SK_FLAGS {M2.SK_FLAGS}" in M2.source()
 
 
 @needs_gxx
@@ -408,6 +462,19 @@ MUTANTS = {
         "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
     "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
                                               "const bool ok = kin;", Spec(GP64), None),
+    # stream-K (the case: SMs, on LONG_SHAPE: 6, shares of two segments; 3, whole tiles
+    # and one shared)
+    "stream-K: one of a share's sums not added": ("acc[i][j][3] += v.w;\n", "\n", Spec(SK32), 6),
+    "stream-K: the share ending at the tile's start waited for": (
+        "sk_begin(p + 1) > t0", "sk_begin(p + 1) >= t0", Spec(SK32), 6),
+    "stream-K: flags left raised": ("flags[p] = 0;", "", Spec(SK64), 6),
+    "stream-K: a share's A from the tile's first slab": (
+        "* pb.Kd + c8 + kbeg * BK;\n    unsigned amask", "* pb.Kd + c8;\n    unsigned amask",
+        Spec(SK32), 6),
+    "stream-K: shared tiles from tile 0": ("(int)blockIdx.x : n_dp + t;", "(int)blockIdx.x : t;",
+                                           Spec(SK32), 3),
+    "stream-K: a segment's role by its start": ("if (kend < KT_TILE) {", "if (kbeg > 0) {",
+                                                Spec(SK64, out_f16=True), 6),
 }
 
 
@@ -419,9 +486,11 @@ def test_emulator_catches_planted_bugs(emu):
     missed = []
     for k, (name, (old, _, spec, case)) in enumerate(MUTANTS.items()):
         assert src.count(old) == 1, f"{name}: {old!r} is not in the source once"
-        assert spec.conv == (case is not None), name
+        assert spec.conv == (case is not None) or spec.cfg in STREAMKS, name
         i = len(REAL) + k
         def run(late, i=i, spec=spec, case=case):
+            if spec.cfg in STREAMKS:
+                return E.gemm_case(emu, i, *LONG_SHAPE, rng, late, case)
             if case is None:
                 shape = LONG_SHAPE if spec.cfg in SCHED + EPIS + KSLICES else GEMM_SHAPE
                 return E.gemm_case(emu, i, *shape, rng, late)
@@ -543,11 +612,14 @@ def test_the_kernel_refuses_what_validate_refuses():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(300, 264, 200), (1024, 1040, 520)], ids=str)
+@pytest.mark.parametrize("shape", [(300, 264, 200), (1024, 1040, 520), (2100, 4100, 136)],
+                         ids=str)
 def test_every_gemm_configuration_on_the_gpu(shape):
     """The compiled kernels themselves (not the emulation): the ladder, every candidate
     tile and every fp16-output configuration on odd shapes, each output poisoned with NaN,
-    against float64 of the fp16 inputs."""
+    against float64 of the fp16 inputs; stream-K twice (its flags zero again between
+    launches), on 6 / 40 tiles all shared, and on 289 of 128 x 256: whole waves, then 25
+    shared on the H200's 132 SMs."""
     from convlab.runtime import is_simulator
 
     if is_simulator():
@@ -561,9 +633,10 @@ def test_every_gemm_configuration_on_the_gpu(shape):
     A, B = cp.asnumpy(a).astype(np.float64), cp.asnumpy(bt).astype(np.float64)
     exp, absref = A @ B.T, np.abs(A) @ np.abs(B).T
     specs = ([Spec(c) for c in (*M2.LADDER.values(), *M2.GEMM_CANDIDATES)]
-             + [Spec(c, out_f16=True) for c in M2.GEMM_FP16_OUT])
+             + [Spec(c, out_f16=True) for c in M2.GEMM_FP16_OUT]
+             + [Spec(SK_TOP), Spec(SK_TOP, out_f16=True)] * 2)
     bad = []
-    for s in specs:
+    for s in dict.fromkeys(specs) if M > 2000 else specs:   # the large shape: once each
         out = cp.full((M, N), np.nan, cp.float16 if s.out_f16 else cp.float32)
         M2.gemm_mma_raw(a, bt, out, s.cfg)
         err = E.rel_err(cp.asnumpy(out).astype(np.float64), exp, absref)

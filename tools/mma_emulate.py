@@ -81,6 +81,9 @@ struct uint4 { unsigned x, y, z, w; };
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -377,6 +380,12 @@ HELPERS = {
                   ': "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), '
                   '"r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)'],
                  "emu::mma16816(c, a, b0, b1, BF16);"),
+    # stream-K's flags: blocks run one after the other, so a flag a block waits for is
+    # raised already, or never will be (a wait on a later block: a fault, not a hang)
+    "flag_release": (["fence.acq_rel.gpu;", "st.relaxed.gpu.global.u32 [%0], %1;",
+                      ':: "l"(f), "r"(1u) : "memory"'], "*f = 1u;"),
+    "flag_acquire": (["ld.acquire.gpu.global.u32 %0, [%1];", ': "=r"(v) : "l"(f) : "memory"'],
+                     "if (*f != 1u) ++emu::errors; return 1u;"),
 }
 _CVT = re.compile(r'asm\("cvt\.rn\.f16x2\.f32 %0, %1, %2;\\n"\s*:\s*"=r"\((\w+)\)\s*:\s*'
                   r'"f"\((\w+)\),\s*"f"\((\w+)\)\);')
@@ -463,7 +472,7 @@ class Spec:
                                            BF16=self.bf16)
 
 
-def kernel_scalars(source: str, kernel: str = "mma_sync_kernel", pointers: int = 3) -> tuple:
+def kernel_scalars(source: str, kernel: str = "mma_sync_kernel", pointers: int = 4) -> tuple:
     """Names of a kernel's int parameters, in order (after its `pointers` pointers)."""
     m = re.search(rf"{kernel}\(([^)]*)\)", source)
     params = [p.split() for p in m.group(1).split(",")]
@@ -488,10 +497,11 @@ def library_source(specs, sources) -> str:
                   "constexpr int emu_threads = NTHREADS;", "}"]
         parts += [f"#undef {m}" for m in sorted(undef | {k for k, _ in defs})]
         parts.append(
-            f'extern "C" int run{i}(const void* A, const void* B, void* C, const long long* bnd,'
-            f" const int* s, unsigned gx, unsigned gy, unsigned nt, long long smem, int late) "
+            f'extern "C" int run{i}(const void* A, const void* B, void* C, float* Wk, '
+            f"const long long* bnd, const int* s, unsigned gx, unsigned gy, unsigned nt, "
+            f"long long smem, int late) "
             f"{{ return emu::run_grid(gx, gy, nt, smem, bnd, late, [=] {{ "
-            f"cfg{i}::mma_sync_kernel((const cfg{i}::u16*)A, (const cfg{i}::u16*)B, C, "
+            f"cfg{i}::mma_sync_kernel((const cfg{i}::u16*)A, (const cfg{i}::u16*)B, C, Wk, "
             + ", ".join(f"s[{j}]" for j in range(len(kernel_scalars(source)))) + "); }); }")
         parts.append(f'extern "C" int threads{i}() {{ return cfg{i}::emu_threads; }}')
         parts.append(f'extern "C" int smem_off{i}(int r, int c) {{ '
@@ -558,26 +568,30 @@ class Emulator:
 
     def launch(self, i, grid, block, args, shared_mem, operands, late=True) -> None:
         """Run spec i as CuPy would launch it: grid (x, y), block (threads,), args = the
-        three pointers then the int scalars; reads outside `operands` (arrays) are faults.
+        four pointers then the int scalars; reads outside `operands` (arrays) are faults.
         late: bit 0, copies land only at the wait that guarantees them; bit 1, the threads'
         order after each barrier reversed. Sets self.errors and self.conflicts."""
         s = self.specs[i]
         if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes():
             raise ValueError(f"{s.cfg}: launched with block {block}, {shared_mem} bytes")
-        ptrs, sc = [int(v) for v in args[:3]], np.array([int(v) for v in args[3:]], np.int32)
+        ptrs, sc = [int(v) for v in args[:4]], np.array([int(v) for v in args[4:]], np.int32)
         if sc.size != len(self.scalars):
             raise ValueError(f"{sc.size} scalars for a kernel taking {len(self.scalars)}")
         bnd = np.array([v for a in operands for v in (a.ctypes.data, a.ctypes.data + a.nbytes)],
                        np.int64)
         p = ctypes.c_void_p
         self.errors = getattr(self.lib, f"run{i}")(
-            p(ptrs[0]), p(ptrs[1]), p(ptrs[2]), p(bnd.ctypes.data), p(sc.ctypes.data),
+            p(ptrs[0]), p(ptrs[1]), p(ptrs[2]), p(ptrs[3]), p(bnd.ctypes.data),
+            p(sc.ctypes.data),
             ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(s.cfg.threads),
             ctypes.c_longlong(s.cfg.smem_bytes()), ctypes.c_int(int(late)))
         self.conflicts = self.lib.conflicts()
 
-    def _run(self, i, a, b, out_shape, values, late):
-        """Operands and output between NaN guards; the launcher's grid."""
+    def _run(self, i, a, b, out_shape, values, late, sms=None):
+        """Operands and output between NaN guards; the launcher's grid (stream-K's split
+        for `sms` SMs, its workspace's sums NaN and guarded, its flags zero before and
+        after)."""
+        m2 = load_module()
         s = self.specs[i]
         wa, ia = _aligned(a.size)
         wb, ib = _aligned(b.size)
@@ -586,21 +600,31 @@ class Emulator:
         n_out = int(np.prod(out_shape)) * (1 if s.out_f16 else 2)
         g = out_guard(s.cfg, values["N"])
         wc, ic = _aligned(n_out, g)
-        grid = (-(-values["N"] // s.cfg.BN), -(-values["M"] // s.cfg.BM))
-        args = [ia.ctypes.data, ib.ctypes.data, ic.ctypes.data]
+        values = dict(values, sk_tiles=0, sk_blocks=0)
+        if s.cfg.STREAMK:
+            values["sk_tiles"], values["sk_blocks"] = m2.stream_k_split(
+                s.cfg, values["M"], values["N"], values["Kd"], sms or 132)
+        grid = m2.grid_of(s.cfg, values["M"], values["N"], values["sk_tiles"],
+                          values["sk_blocks"])
+        n_work = m2.work_floats(s.cfg, values["sk_blocks"])
+        ww, iw = _aligned(2 * n_work, GUARD)
+        iw.view(np.float32)[:m2.SK_FLAGS] = 0
+        args = [ia.ctypes.data, ib.ctypes.data, ic.ctypes.data, iw.ctypes.data if n_work else 0]
         args += [values.get(k, 0) for k in self.scalars]
         self.launch(i, grid, (s.cfg.threads,), args, s.cfg.smem_bytes(), (ia, ib), late)
         guards = np.concatenate([wc[:g], wc[g + n_out:], wa[:GUARD], wa[-GUARD:],
-                                 wb[:GUARD], wb[-GUARD:]])
+                                 wb[:GUARD], wb[-GUARD:], ww[:GUARD], ww[-GUARD:]])
         self.errors += int(np.count_nonzero(guards != POISON))
+        self.errors += int(np.count_nonzero(iw.view(np.uint32)[:m2.SK_FLAGS]) if n_work else 0)
         self.errors += int(not np.array_equal(ia, bits(a).ravel()))
         out = ic.view(np.float16 if s.out_f16 else np.float32).reshape(out_shape)
         return out.astype(np.float32)
 
-    def gemm(self, i, a, bt, late=True) -> np.ndarray:
-        """C = A @ B^T with a (M, K), bt (N, K) fp16 (or bf16 bits as uint16)."""
+    def gemm(self, i, a, bt, late=True, sms=None) -> np.ndarray:
+        """C = A @ B^T with a (M, K), bt (N, K) fp16 (or bf16 bits as uint16); stream-K
+        split for `sms` SMs (default 132)."""
         (M, K), N = a.shape, bt.shape[0]
-        return self._run(i, a, bt, (M, N), dict(M=M, N=N, Kd=K), late)
+        return self._run(i, a, bt, (M, N), dict(M=M, N=N, Kd=K), late, sms)
 
     def conv(self, i, x, w, stride=1, padding=0, dilation=1, late=True) -> np.ndarray:
         """Implicit-GEMM conv: x (N, H, W, C), w (K, R, S, C) -> (N, P, Q, K) (NHWC)."""
@@ -913,9 +937,6 @@ class WgmmaEmulator:
 # ----------------------------------------------------------------------------------------
 # The block rasterization, read out of a kernel's source
 
-_RASTER = re.compile(r"const int nbn = gridDim\.x.*?const int bn = [^;]*;", re.S)
-
-
 def _split_top(text: str, sep: str) -> list:
     out, depth, cur = [], 0, ""
     for ch in text:
@@ -955,14 +976,11 @@ def c_ints_to_python(code: str, params, returns, renames=()):
 
 
 def rasterization(source: str):
-    """mma_sync.cu's block -> tile mapping (its lines from ``const int nbn = gridDim.x`` to
-    ``const int bn = ...;``) as f(bx, by, gx, gy, group_m) -> (bm, bn)."""
-    m = _RASTER.search(source)
-    if m is None:
-        raise ValueError("rasterization: no `const int nbn = gridDim.x ... bn = ...;` block")
-    return c_ints_to_python(m.group(0), ("bx", "by", "gx", "gy", "group_m"), ("bm", "bn"),
-                            (("gridDim.x", "gx"), ("gridDim.y", "gy"), ("blockIdx.x", "bx"),
-                             ("blockIdx.y", "by"), ("GROUP_M", "group_m")))
+    """mma_sync.cu's tile -> (block row, column) mapping (the body of ``tile_of``, tile
+    ``by * gx + bx`` of a gy x gx grid) as f(bx, by, gx, gy, group_m) -> (bm, bn)."""
+    f = c_ints_to_python(function_body(source, "tile_of"), ("bid", "nbn", "nbm", "group_m"),
+                         ("bm", "bn"), (("GROUP_M", "group_m"),))
+    return lambda bx, by, gx, gy, group_m: f(by * gx + bx, gx, gy, group_m)
 
 
 def function_body(source: str, name: str) -> str:
@@ -999,12 +1017,12 @@ def rel_err(out, exp, absref) -> float:
     return float(np.max(np.abs(out - exp) / (absref + 1e-30)))
 
 
-def gemm_case(em, i, M, N, K, rng, late=True) -> float:
+def gemm_case(em, i, M, N, K, rng, late=True, sms=None) -> float:
     s = em.specs[i]
     a32, b32 = rng.standard_normal((M, K)), rng.standard_normal((N, K))
     a, bt = (to_bf16(a32), to_bf16(b32)) if s.bf16 else (a32.astype(np.float16),
                                                           b32.astype(np.float16))
-    out = em.gemm(i, a, bt, late)
+    out = em.gemm(i, a, bt, late, sms)
     A, B = _f64(a, s.bf16), _f64(bt, s.bf16)
     return rel_err(out, A @ B.T, np.abs(A) @ np.abs(B).T)
 

@@ -44,7 +44,8 @@ class MmaConfig:
     """Block tile BM x BN, slabs of BK, warp tile WM x WN; the loading switches; the
     scheduling switches of mma_sync.cu (FRAG_PIPE, GPTR, SERPENTINE: cp.async only); the
     conv's one-tap-per-slab loader TAPS (the conv launcher drops it where C % BK != 0);
-    KSLICE warps per warp tile, each taking a share of every slab's 16-deep steps."""
+    KSLICE warps per warp tile, each taking a share of every slab's 16-deep steps;
+    STREAMK: the GEMM's last part-empty wave as stream-K shares (`stream_k_split`)."""
 
     BM: int = 128
     BN: int = 128
@@ -61,6 +62,7 @@ class MmaConfig:
     EPI_SMEM: int = 0
     TAPS: int = 0
     KSLICE: int = 1
+    STREAMK: int = 0
     EPI_PAD = 8   # elements per staged output row (mma_sync.cu's EPAD; not a field)
 
     @property
@@ -101,6 +103,8 @@ class MmaConfig:
                           or self.BN * (self.BK // 8) % self.threads):
             raise ValueError(f"{self}: GPTR and TAPS need whole chunks per thread, one column "
                              "each")
+        if self.STREAMK and not (self.FRAG_PIPE and self.GPTR and self.KSLICE == 1):
+            raise ValueError(f"{self}: STREAMK needs FRAG_PIPE and GPTR, without KSLICE")
         if self.smem_bytes() > 227 * 1024:
             raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
         return self
@@ -110,7 +114,7 @@ class MmaConfig:
                     STAGES=self.STAGES, ASYNC=self.ASYNC, SWIZZLE=self.SWIZZLE,
                     GROUP_M=self.GROUP_M, FRAG_PIPE=self.FRAG_PIPE, GPTR=self.GPTR,
                     SERPENTINE=self.SERPENTINE, EPI_SMEM=self.EPI_SMEM, TAPS=self.TAPS,
-                    KSLICE=self.KSLICE, **extra)
+                    KSLICE=self.KSLICE, STREAMK=self.STREAMK, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
@@ -119,7 +123,8 @@ class MmaConfig:
                 f"{'swizzle' if self.SWIZZLE else 'pad'}"
                 + (f" group {self.GROUP_M}" if self.GROUP_M != 8 else "")
                 + "".join(f" {k.lower()}" for k in ("FRAG_PIPE", "GPTR", "SERPENTINE",
-                                                    "EPI_SMEM", "TAPS") if getattr(self, k))
+                                                    "EPI_SMEM", "TAPS", "STREAMK")
+                          if getattr(self, k))
                 + (f" kslice {self.KSLICE}" if self.KSLICE > 1 else ""))
 
 
@@ -194,22 +199,68 @@ def compile_ptx(cfg: MmaConfig = GEMM_DEFAULT, arch: str = "compute_80", conv: b
                      options=cfg.validate().defines(CONV=conv, BF16=bf16))
 
 
-# Scalar arguments of the kernel after the three pointers, in order.
-_SCALARS = ("M", "N", "Kd", "H", "W", "C", "P", "Q", "S", "sh", "sw", "ph", "pw", "dh", "dw")
+# Scalar arguments of the kernel after the four pointers, in order.
+_SCALARS = ("M", "N", "Kd", "H", "W", "C", "P", "Q", "S", "sh", "sw", "ph", "pw", "dh", "dw",
+            "sk_blocks", "sk_tiles")
+SK_FLAGS = 1024        # mma_sync.cu's SK_FLAGS: stream-K's flags, ahead of the shares' sums
+STREAM_K_FILL = 0.95   # stream-K where the last wave is emptier than this
 
 
 def _scalars(**v) -> tuple:
     return tuple(np.int32(v.get(k, 0)) for k in _SCALARS)
 
 
+def stream_k_split(cfg: MmaConfig, M: int, N: int, Kd: int, sms: int) -> tuple[int, int]:
+    """(sk_tiles, sk_blocks) of a STREAMK GEMM on `sms` SMs: the tiles after the whole
+    waves (all of them when fewer than sms) and the blocks sharing their slabs, at most one
+    per SM; (0, 0) without STREAMK or where the last wave is STREAM_K_FILL full or more."""
+    tiles = ceil_div(M, cfg.BM) * ceil_div(N, cfg.BN)
+    left = tiles % sms
+    if not cfg.STREAMK or left == 0 or left / sms >= STREAM_K_FILL:
+        return 0, 0
+    return left, min(sms, left * ceil_div(Kd, cfg.BK))
+
+
+def work_floats(cfg: MmaConfig, sk_blocks: int) -> int:
+    """fp32 words of stream-K's `work`: SK_FLAGS flags (zero between launches), then one
+    BM x BN tile of sums per sharing block."""
+    return SK_FLAGS + sk_blocks * cfg.BM * cfg.BN if sk_blocks else 0
+
+
+_WORK: dict = {}   # device -> zeroed CuPy float32 array, grown as needed
+
+
+def _work(floats: int) -> int:
+    """Device address of at least `floats` words of stream-K workspace (0 for none)."""
+    if not floats:
+        return 0
+    import cupy as cp
+
+    dev = cp.cuda.Device().id
+    if dev not in _WORK or _WORK[dev].size < floats:
+        _WORK[dev] = cp.zeros(floats, cp.float32)
+    return _WORK[dev].data.ptr
+
+
+def grid_of(cfg: MmaConfig, M: int, N: int, sk_tiles: int = 0, sk_blocks: int = 0) -> tuple:
+    """The launch grid: (N / BN, M / BM) blocks, or with STREAMK 1-D: the whole tiles, then
+    the sharing blocks."""
+    if cfg.STREAMK:
+        return (ceil_div(M, cfg.BM) * ceil_div(N, cfg.BN) - sk_tiles + sk_blocks, 1)
+    return (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
+
+
 def _launch_kernel(cfg, conv, a, b, out, M, N, Kd, **geom):
     bf16 = _kind(a) == "bfloat16"
     fn = _kernel(cfg, conv, _kind(out) == "float16", bf16)
-    grid = (ceil_div(N, cfg.BN), ceil_div(M, cfg.BM))
+    sk_tiles, sk_blocks = stream_k_split(cfg, M, N, Kd, _sm_count()) if cfg.STREAMK else (0, 0)
+    grid = grid_of(cfg, M, N, sk_tiles, sk_blocks)
     if grid[1] > 65535:
         raise Unsupported(f"{cfg}: {grid[1]} block rows > 65535")
-    fn(grid, (cfg.threads,), (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)))
-       + _scalars(M=M, N=N, Kd=Kd, **geom),
+    work = _work(work_floats(cfg, sk_blocks))
+    fn(grid, (cfg.threads,), (np.uint64(_ptr(a)), np.uint64(_ptr(b)), np.uint64(_ptr(out)),
+                              np.uint64(work))
+       + _scalars(M=M, N=N, Kd=Kd, sk_blocks=sk_blocks, sk_tiles=sk_tiles, **geom),
        shared_mem=cfg.smem_bytes())
     return out
 
@@ -277,6 +328,8 @@ def conv2d_mma_nhwc(x, w, out, stride=1, padding=0, dilation=1, cfg: MmaConfig |
         raise Unsupported(f"{name}: tensors must have fewer than 2**31 elements")
     require_sm80()
     cfg = (cfg or choose_conv(K, M, _sm_count())).validate()
+    if cfg.STREAMK:
+        raise ValueError(f"{name}: STREAMK is the GEMM's ({cfg})")
     if cfg.TAPS and (C % cfg.BK or R * S > 32):   # a slab would straddle two taps
         cfg = replace(cfg, TAPS=0)
     return _launch_kernel(cfg, True, x, w, out, M, K, Kd, H=H, W=W, C=C, P=p.P, Q=p.Q, S=S,

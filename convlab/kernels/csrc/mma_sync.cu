@@ -38,6 +38,16 @@
 //                added through shared memory before the epilogue (twice the warps per
 //                block for the same tile and registers per thread: more latency hidden
 //                where one block per SM is all the grid has)
+// one for the last wave (GEMM, FRAG_PIPE and GPTR):
+//   STREAMK=1    stream-K: where the tiles leave the last wave part-empty (the launcher
+//                decides: sk_tiles > 0), the grid is 1-D: blocks 0 .. n_dp - 1 take a whole
+//                tile each, the last sk_blocks (at most one per SM: all resident at once)
+//                an equal share of the remaining sk_tiles' slabs in (tile, slab) order. A
+//                share shorter than a tile holds at most two segments: the head of one tile
+//                (done first) and the tail of the one before. A segment that does not end its
+//                tile leaves its fp32 sums in `work` and raises its flag; the one that ends it
+//                waits for the flags of the blocks before it (lower indices only, which did
+//                those shares first), adds their sums and stores C.
 // and one epilogue switch:
 //   EPI_SMEM=1   C staged per warp in shared memory (the pipeline's slots; the launcher's
 //                MmaConfig.smem_bytes covers the staged rows), then stored as 16-byte row
@@ -99,6 +109,10 @@
 #ifndef KSLICE
 #define KSLICE 1
 #endif
+#ifndef STREAMK
+#define STREAMK 0
+#endif
+#define SK_FLAGS 1024   // stream-K: flags first in `work`, then the shares' sums
 #define USE_TAPS (TAPS && CONV)
 #define USE_GPTR ((GPTR && !CONV) || USE_TAPS)
 
@@ -142,6 +156,8 @@ static_assert(KSLICE >= 1 && (BK / 16) % KSLICE == 0, "K slices split each slab'
 static_assert(!USE_GPTR || (ASYNC && NTHREADS % KCH == 0 && A_CHUNKS % NTHREADS == 0 &&
                             B_CHUNKS % NTHREADS == 0),
               "per-thread pointers: cp.async, every thread the same column in every chunk");
+static_assert(!STREAMK || (!CONV && FRAG_PIPE && USE_GPTR && KSLICE == 1),
+              "stream-K: the GEMM with the fragment pipeline and per-thread pointers");
 
 // Offset (in halves) of 16-byte chunk c of shared-memory row r.
 __device__ __forceinline__ int smem_off(int r, int c) {
@@ -186,6 +202,19 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Stream-K's flags, as CUTLASS's semaphores: every thread's sums are written before a
+// __syncthreads, then one thread releases at GPU scope; the waiting block's one thread
+// acquires, then a __syncthreads lets the others read.
+__device__ __forceinline__ void flag_release(unsigned* f) {
+    asm volatile("fence.acq_rel.gpu;\n st.relaxed.gpu.global.u32 [%0], %1;\n"
+                 :: "l"(f), "r"(1u) : "memory");
+}
+__device__ __forceinline__ unsigned flag_acquire(const unsigned* f) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(f) : "memory");
+    return v;
 }
 
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {  // lo in the low half
@@ -261,29 +290,60 @@ __device__ __forceinline__ const u16* b_src(const u16* B, const Problem& pb, int
     return valid ? B + (long long)n * pb.Kd + kd : B;
 }
 
+// Grouped rasterization: tile `bid` of nbm x nbn is block row bm, column bn; GROUP_M
+// block rows share their B tiles in L2.
+__device__ __forceinline__ void tile_of(int bid, int nbn, int nbm, int& bm, int& bn) {
+    const int per_group = GROUP_M * nbn;
+    const int first_m = (bid / per_group) * GROUP_M;
+    const int gsz = min(nbm - first_m, GROUP_M);
+    bm = first_m + (bid % per_group) % gsz;
+    bn = (bid % per_group) / gsz;
+}
+
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __restrict__ Cout,
-                int M, int N, int Kd, int H, int W, int C, int P, int Q, int S, int sh, int sw,
-                int ph, int pw, int dh, int dw) {
+                float* __restrict__ work, int M, int N, int Kd, int H, int W, int C, int P,
+                int Q, int S, int sh, int sw, int ph, int pw, int dh, int dw, int sk_blocks,
+                int sk_tiles) {
     const Problem pb = {M, N, Kd, H, W, C, P, Q, S, sh, sw, ph, pw, dh, dw};
     extern __shared__ __align__(256) u16 smem[];
     u16* As = smem;
     u16* Bs = smem + STAGES * A_STAGE;
 
-    // grouped rasterization: GROUP_M block rows share their B tiles in L2
-    const int nbn = gridDim.x, nbm = gridDim.y;
-    const int bid = blockIdx.y * nbn + blockIdx.x;
-    const int per_group = GROUP_M * nbn;
-    const int first_m = (bid / per_group) * GROUP_M;
-    const int gsz = min(nbm - first_m, GROUP_M);
-    const int bm = first_m + (bid % per_group) % gsz;
-    const int bn = (bid % per_group) / gsz;
-
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mn = warp % MN_WARPS, ks = warp / MN_WARPS;   // warp tile, slice of K
     const int wm = mn / (BN / WN), wn = mn % (BN / WN);
     const int k0 = ks * KSTEPS;   // this warp's first 16-deep step of every slab
-    const int KT = (pb.Kd + BK - 1) / BK;
+    const int KT_TILE = (pb.Kd + BK - 1) / BK;   // slabs of a whole tile
+
+#if STREAMK
+    const int nbn = (pb.N + BN - 1) / BN, nbm = (pb.M + BM - 1) / BM;
+    const int n_dp = nbn * nbm - sk_tiles, sk = (int)blockIdx.x - n_dp;   // sk < 0: whole
+    auto sk_begin = [&](int s) {   // first slab of share s, in the sk_tiles' (tile, slab)
+        return (int)((long long)s * sk_tiles * KT_TILE / sk_blocks);
+    };
+    unsigned* flags = reinterpret_cast<unsigned*>(work);
+    float4* sums = reinterpret_cast<float4*>(work + SK_FLAGS);   // share s: MI NI x NTHREADS
+    const int sa = sk < 0 ? 0 : sk_begin(sk), sb = sk < 0 ? KT_TILE : sk_begin(sk + 1);
+    const int last = (sb - 1) / KT_TILE;   // the tile (of the sk_tiles) of this share's end
+    const int nseg = sk < 0 ? 1 : 1 + (sa < last * KT_TILE);
+#pragma unroll 1
+    for (int seg = 0; seg < nseg; ++seg) {
+        // segment 0: the tile of slab sb - 1, from max(sa, its first slab); 1: the tile
+        // before it, from sa to its end
+        const int t = last - seg, t0 = t * KT_TILE;
+        const int tile = sk < 0 ? (int)blockIdx.x : n_dp + t;
+        const int kbeg = sk < 0 ? 0 : max(sa, t0) - t0;
+        const int kend = sk < 0 ? KT_TILE : min(sb, t0 + KT_TILE) - t0;
+        // (the loop's body, to the kernel's end, is left unindented: one tile's segment)
+#else
+    const int nbn = gridDim.x, nbm = gridDim.y;
+    {
+        const int tile = blockIdx.y * nbn + blockIdx.x, kbeg = 0, kend = KT_TILE;
+#endif
+    const int KT = kend - kbeg;   // slabs of this block's part of the tile
+    int bm, bn;
+    tile_of(tile, nbn, nbm, bm, bn);
 
     float acc[MI][NI][4];
 #pragma unroll
@@ -313,7 +373,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     constexpr int RSTEP = NTHREADS / KCH;
     const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
     const int gstep = RSTEP * pb.Kd;
-    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8;
+    const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8 + kbeg * BK;
     unsigned bmask = 0;
 #pragma unroll
     for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
@@ -354,7 +414,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
     int tap = 0, tap_r = 0, tap_s = 0, tap_c = 0, tap_off = 0;   // of the next slab loaded
 #else
-    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8;
+    const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8 + kbeg * BK;
     unsigned amask = 0;
 #pragma unroll
     for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
@@ -364,7 +424,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     auto s_at = [&](int j) {
         return RSTEP % 16 == 0 ? s0 + j * RSTEP * LDS : smem_off(r0 + j * RSTEP, tid % KCH);
     };
-    auto load_slab = [&](int slot, int kt) {   // slabs kt = 0, 1, 2, ... in order
+    auto load_slab = [&](int slot, int kt) {   // slabs kt = kbeg, kbeg + 1, ... in order
         const bool kin = c8 < pb.Kd - kt * BK;   // the Kd tail
 #if USE_TAPS
 #pragma unroll
@@ -528,7 +588,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     unsigned af[2][MI][4], bf[2][NI / 2][4];
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) load_slab(s, s);
+        if (s < KT) load_slab(s, kbeg + s);
         cp_async_commit();
     }
     cp_async_wait<STAGES - 2>();
@@ -539,7 +599,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #pragma unroll
         for (int kk = 0; kk < KSTEPS; ++kk) {   // this warp's steps k0 + kk
             if (kk == 0) {
-                if (kt + STAGES - 1 < KT) load_slab(wr, kt + STAGES - 1);
+                if (kt + STAGES - 1 < KT) load_slab(wr, kbeg + kt + STAGES - 1);
                 cp_async_commit();
             }
             if (kk == KSTEPS - 1) {
@@ -583,6 +643,38 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     }
 #endif
 
+#if STREAMK
+    if (kend < KT_TILE) {   // not the tile's end: this share's sums to work, then the flag
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j)
+                sums[((size_t)sk * MI * NI + i * NI + j) * NTHREADS + tid] =
+                    make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+        __syncthreads();
+        if (tid == 0) flag_release(flags + sk);
+        continue;
+    }
+    // the tile's end: add the shares of the blocks before this one that lie in this tile
+    for (int p = sk - 1; sk >= 0 && p >= 0 && sk_begin(p + 1) > t0; --p) {
+        if (tid == 0) {
+            while (!flag_acquire(flags + p)) {
+            }
+            flags[p] = 0;   // consumed: zero again for the next launch
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < MI; ++i)
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const float4 v = __ldcg(sums + ((size_t)p * MI * NI + i * NI + j) * NTHREADS + tid);
+                acc[i][j][0] += v.x;
+                acc[i][j][1] += v.y;
+                acc[i][j][2] += v.z;
+                acc[i][j][3] += v.w;
+            }
+    }
+#endif
 #if KSLICE > 1
     // the slices' sums: slices 1.. add theirs, in turn, into fp32 rows of the idle pipeline
     // buffers (one WM x (WN + EPAD) tile per warp tile, after the staging rows below), and
@@ -643,4 +735,8 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
             store_pair(reinterpret_cast<OUT_T*>(Cout) + (long long)row * pb.N + col, v0, v1);
     });
 #endif
+#if STREAMK
+    __syncthreads();   // the staged rows read before the next segment's copies
+#endif
+    }
 }
