@@ -460,8 +460,10 @@ MUTANTS = {
         "(EPI_SMEM ? MN_WARPS : 0) + mn)", "EPI_SMEM ? MN_WARPS : 0)", Spec(KS_FP), None),
     "per-thread pointers: Kd tail not checked": (
         "const bool kin = c8 < pb.Kd - kt * BK;", "const bool kin = true;", Spec(GP32), None),
-    "per-thread pointers: row mask dropped": ("const bool ok = kin && ((amask >> j) & 1);",
-                                              "const bool ok = kin;", Spec(GP64), None),
+    "per-thread pointers: rows past M not clamped": ("ag + min(j, ajmax) * gstep",
+                                                     "ag + j * gstep", Spec(GP64), None),
+    "per-thread pointers: rows past N not clamped": ("bg + min(j, bjmax) * gstep",
+                                                     "bg + j * gstep", Spec(GP64), None),
     # stream-K (the case: SMs, on LONG_SHAPE: 6, shares of two segments; 3, whole tiles
     # and one shared)
     "stream-K: one of a share's sums not added": ("acc[i][j][3] += v.w;\n", "\n", Spec(SK32), 6),
@@ -469,7 +471,7 @@ MUTANTS = {
         "sk_begin(p + 1) > t0", "sk_begin(p + 1) >= t0", Spec(SK32), 6),
     "stream-K: flags left raised": ("flags[p] = 0;", "", Spec(SK64), 6),
     "stream-K: a share's A from the tile's first slab": (
-        "* pb.Kd + c8 + kbeg * BK;\n    unsigned amask", "* pb.Kd + c8;\n    unsigned amask",
+        "* pb.Kd + c8 + kbeg * BK;\n    const int ajmax", "* pb.Kd + c8;\n    const int ajmax",
         Spec(SK32), 6),
     "stream-K: shared tiles from tile 0": ("(int)blockIdx.x : n_dp + t;", "(int)blockIdx.x : t;",
                                            Spec(SK32), 3),

@@ -139,8 +139,10 @@ GEMM_CANDIDATES = (STEP3, replace(STEP3, STAGES=3), replace(STEP3, STAGES=5),
                    replace(STEP3, BN=64, WN=32), replace(STEP3, BM=64, WM=32),
                    replace(STEP3, BK=64, STAGES=3), replace(STEP3, BN=256),
                    replace(STEP3, GROUP_M=16), GEMM_TOP)
-# fp16 output (what cuBLAS writes): direct 4-byte stores, then staged in shared memory
-GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1))
+# fp16 output (what cuBLAS writes): direct 4-byte stores, then staged in shared memory,
+# then the last part-empty wave as stream-K shares
+GEMM_FP16_OUT = (STEP3, GEMM_TOP, replace(GEMM_TOP, EPI_SMEM=1),
+                 replace(GEMM_TOP, EPI_SMEM=1, STREAMK=1))
 # The conv: its loader and epilogue (one tap per slab, fragment double buffering, 16-byte
 # stores staged in shared memory), then the tiles `choose_conv` picks from, (BM, BN) ->
 # config; block heights of 96 fill whole waves where 128 leaves SMs idle.

@@ -3,13 +3,17 @@ Nsight Compute run (`ncu --kernel-name mma_sync_kernel ... python3 tools/gpu/mma
 
     python3 tools/gpu/mma_profile.py 4096 "BM=256,BK=64,STAGES=3,FRAG_PIPE=1,GPTR=1" ...
 
-Each argument after the size is a configuration: MmaConfig fields over mma02's STEP3, and
-F16OUT=1 for an fp16 output (as cuBLAS writes; checked at fp16's tolerance).
+Each argument after the size is a configuration: MmaConfig fields over mma02's STEP3,
+F16OUT=1 for an fp16 output (as cuBLAS writes; checked at fp16's tolerance), and SRC=path
+for another copy of mma_sync.cu (same kernel signature) in place of the package's, to time
+a change against the tree in one process.
 """
 
+import functools
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import convlab
 
@@ -22,9 +26,34 @@ from convlab.measure import tensor_cores as TC  # noqa: E402
 
 
 def parse(spec: str):
-    kw = {k: int(v) for k, v in (p.split("=") for p in spec.split(",") if p)}
+    kw = dict(p.split("=") for p in spec.split(",") if p)
+    src = kw.pop("SRC", None)
+    kw = {k: int(v) for k, v in kw.items()}
     f16 = bool(kw.pop("F16OUT", 0))
-    return replace(MM.STEP3, **kw), f16
+    return replace(MM.STEP3, **kw), f16, src
+
+
+_TREE_KERNEL = MM._kernel
+
+
+@functools.cache
+def _compiled(src: str):
+    """MM._kernel's signature, compiling the file `src` instead of the package's."""
+    import cupy as cp
+
+    text = Path(src).read_text()
+
+    @functools.cache
+    def kernel(cfg, conv, out_f16, bf16):
+        opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
+        fn = cp.RawModule(code=text, options=opts).get_function("mma_sync_kernel")
+        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+        return fn
+    return kernel
+
+
+def use_source(src):
+    MM._kernel = _compiled(src) if src else _TREE_KERNEL
 
 
 def main() -> int:
@@ -48,7 +77,8 @@ def main() -> int:
     rounds = int(os.environ.get("ROUNDS", "1"))  # > 1: the list again, medians per spec
     checked, info = [], {}
     for spec in specs:
-        cfg, f16 = parse(spec)
+        cfg, f16, src = parse(spec)
+        use_source(src)
         out = outs[f16]
         out.fill_(float("nan"))
         MM.gemm_mma_raw(a, bt, out, cfg)
@@ -57,13 +87,14 @@ def main() -> int:
             print(f"{spec:44} WRONG: max rel err {err:.1e}, not timed")
             continue
         fn = MM._kernel(cfg.validate(), False, f16, False)
-        checked.append((spec, cfg, out))
+        checked.append((spec, cfg, out, src))
         info[spec] = (f"regs {fn.num_regs:3} local {fn.local_size_bytes:4} B  "
                       f"smem {cfg.smem_bytes() // 1024:3} KiB err {err:.1e}")
-    base, times = [], {s: [] for s, _, _ in checked}
+    base, times = [], {s: [] for s, _, _, _ in checked}
     for _r in range(rounds):
         base.append(cublas())
-        for spec, cfg, out in checked:
+        for spec, cfg, out, src in checked:
+            use_source(src)
             t = bench.time_gpu(lambda cfg=cfg, out=out: MM.gemm_mma_raw(a, bt, out, cfg),
                                repeat=15)
             times[spec].append(t.median_ms)

@@ -24,9 +24,10 @@
 //                before the mma.sync of step kk, across slab boundaries too (the wait and
 //                the barrier move to just before the last step's mma.sync); BK 32, 64 or
 //                128 with the swizzle
-//   GPTR=1       GEMM loads from per-thread pointers and row masks computed once, advanced
-//                by BK per slab: no multiply or row check per chunk, only the Kd tail
-//                check (ignored with CONV=1, whose gather has its own per-row state)
+//   GPTR=1       GEMM loads from per-thread pointers computed once, advanced by BK per
+//                slab; rows past M (N) read row M - 1 (N - 1), whose products land only in
+//                rows (columns) of C that are never stored: no row check per chunk, only
+//                the Kd tail check (ignored with CONV=1, whose gather has its own state)
 //   SERPENTINE=1 mma.sync of a step in snake order (j reversed on odd i), so consecutive
 //                mma.sync share their B fragment
 //   TAPS=1       CONV with C % BK == 0 and R * S <= 32: every slab lies inside one filter
@@ -368,15 +369,13 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 
 #if USE_GPTR
     // Chunk j of this thread is row r0 + j * RSTEP, column c8 of the slab, in A and in B
-    // (NTHREADS % KCH == 0): one pointer per operand, advanced by BK per slab, the rows
-    // past M / N as bits of a mask, the same stride Kd * RSTEP for both operands.
+    // (NTHREADS % KCH == 0): one pointer per operand, advanced by BK per slab, the same
+    // stride Kd * RSTEP for both operands; rows past M / N clamped to the last row.
     constexpr int RSTEP = NTHREADS / KCH;
     const int r0 = tid / KCH, c8 = (tid % KCH) * 8;
     const int gstep = RSTEP * pb.Kd;
     const u16* bg = B + (long long)min(bn * BN + r0, pb.N - 1) * pb.Kd + c8 + kbeg * BK;
-    unsigned bmask = 0;
-#pragma unroll
-    for (int j = 0; j < B_PER; ++j) bmask |= (unsigned)(bn * BN + r0 + j * RSTEP < pb.N) << j;
+    const int bjmax = max(0, min(B_PER - 1, (pb.N - 1 - (bn * BN + r0)) / RSTEP));
 #if USE_TAPS
     // row j: the offset in x of its window's corner (tap 0, this thread's channels c8) and
     // bit r * S + s set where tap (r, s) lies inside the image (no bits: the row is past M);
@@ -415,9 +414,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     int tap = 0, tap_r = 0, tap_s = 0, tap_c = 0, tap_off = 0;   // of the next slab loaded
 #else
     const u16* ag = A + (long long)min(bm * BM + r0, pb.M - 1) * pb.Kd + c8 + kbeg * BK;
-    unsigned amask = 0;
-#pragma unroll
-    for (int j = 0; j < A_PER; ++j) amask |= (unsigned)(bm * BM + r0 + j * RSTEP < pb.M) << j;
+    const int ajmax = max(0, min(A_PER - 1, (pb.M - 1 - (bm * BM + r0)) / RSTEP));
 #endif
     // shared offsets: rows 16 apart keep the swizzle's XOR (see a_off below)
     const int s0 = smem_off(r0, tid % KCH);
@@ -445,19 +442,13 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         }
 #else
 #pragma unroll
-        for (int j = 0; j < A_PER; ++j) {
-            const bool ok = kin && ((amask >> j) & 1);
-            cp_async16(As + slot * A_STAGE + s_at(j),
-                       ok ? ag + j * gstep : A, ok);
-        }
+        for (int j = 0; j < A_PER; ++j)
+            cp_async16(As + slot * A_STAGE + s_at(j), ag + min(j, ajmax) * gstep, kin);
         ag += BK;
 #endif
 #pragma unroll
-        for (int j = 0; j < B_PER; ++j) {
-            const bool ok = kin && ((bmask >> j) & 1);
-            cp_async16(Bs + slot * B_STAGE + s_at(j),
-                       ok ? bg + j * gstep : B, ok);
-        }
+        for (int j = 0; j < B_PER; ++j)
+            cp_async16(Bs + slot * B_STAGE + s_at(j), bg + min(j, bjmax) * gstep, kin);
         bg += BK;
     };
 #elif ASYNC
