@@ -89,6 +89,35 @@ def test_sustained_race_runs_under_the_fake_clock():
     assert race["rows"][1]["sm_mhz"] is None and race["rows"][1]["reasons"] == []
 
 
+class _DriftClock:
+    """time_gpu: the next scripted ms of each function's name, in call order."""
+
+    def __init__(self, script):
+        self.script = {k: list(v) for k, v in script.items()}
+        self.order = []
+
+    def time_gpu(self, fn, repeat=None):
+        name = fn()
+        self.order.append(name)
+        return type("T", (), {"median_ms": self.script[name].pop(0)})()
+
+
+def test_paired_bursts_take_the_median_of_per_round_ratios():
+    """The card slows between rounds (both kernels' times double in round 2): the per-round
+    ratio stays, the median over rounds is the ratio of neighbours, not of medians."""
+    clock = _DriftClock({"lib": [1.0, 2.0, 1.1], "ours": [2.0, 4.0, 2.0]})
+    race = TC._paired_bursts(_Ctx(clock), [("lib", lambda: "lib"), ("ours", lambda: "ours")],
+                             flops=2e12, rounds=3)
+    lib, ours = race["rows"]
+    assert clock.order == ["lib", "ours", "ours", "lib", "lib", "ours"]   # reversed in turn
+    assert ours["pct_library"] == pytest.approx(50.0)
+    assert (ours["pct_low"], ours["pct_high"]) == pytest.approx((50.0, 55.0))
+    assert ours["ms"] == pytest.approx(2.0) and lib["ms"] == pytest.approx(1.1)
+    assert lib["pct_library"] == pytest.approx(100.0) and race["library"] == "lib"
+    assert ours["tflops"] == pytest.approx(2e12 / 2.0 / 1e9)
+    assert not any(clock.script.values())   # every round ran
+
+
 @pytest.mark.gpu
 def test_sustained_times_back_to_back_and_reads_the_clock():
     from convlab.runtime import cuda

@@ -123,6 +123,31 @@ def _sustained_race(ctx, pairs, flops, rounds=2):
                      "over the last 80% of each run")
 
 
+def _paired_bursts(ctx, pairs, flops, rounds=9):
+    """Each (name, run) for one short burst (`clock.time_gpu`, 5 groups of ~2 ms), in turn,
+    `rounds` times, the order reversed every other round, so that a kernel and the library
+    are timed seconds apart on the card as it is then; per kernel the median ms and the
+    median over rounds of the first kernel's (the library's) time over its own in that
+    round, with the lowest and highest of those ratios."""
+    runs = {name: [] for name, _ in pairs}
+    for k in range(rounds):
+        for name, run in pairs if k % 2 == 0 else pairs[::-1]:
+            runs[name].append(ctx.clock.time_gpu(run, repeat=5).median_ms)
+    lib = pairs[0][0]
+    rows = []
+    for name, ms in runs.items():
+        pct = [100 * a / b for a, b in zip(runs[lib], ms, strict=True)]
+        med = float(np.median(ms))
+        rows.append(dict(name=name, ms=med, tflops=flops / med / 1e9,
+                         pct_library=float(np.median(pct)), pct_low=min(pct), pct_high=max(pct),
+                         ms_rounds=[float(v) for v in ms]))
+        ctx.log(f"{name} paired bursts: {med:.3f} ms, {rows[-1]['pct_library']:.1f}% of {lib} "
+                f"({min(pct):.1f}-{max(pct):.1f})")
+    return dict(rows=rows, library=lib, rounds=rounds,
+                note="one short burst per kernel in turn, order reversed every other round; "
+                     "% of the library: median over rounds of the per-round ratio")
+
+
 def _pct(rows, base_name):
     base = next((r for r in rows if r["name"] == base_name and r.get("ms")), None)
     prev = None
@@ -181,7 +206,14 @@ def _mma_gemm_size(ctx, n):
             for f16 in (False, True)]
     sustained = _sustained_race(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
         (r["name"], runs[r["name"]]) for r in ours if r], flops)
+    # the top tile (fp32 out) and the top fp16-output tiles, each in short bursts beside
+    # cuBLAS, round after round: the ratio without the drift between one row and the next
+    tops = [f"mma.sync {MM.GEMM_TOP}"] + [f"mma.sync {c} (fp16 out)" for c in MM.GEMM_FP16_OUT[1:]]
+    good = {r["name"] for r in rows if r.get("tflops")}
+    paired = _paired_bursts(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
+        (name, runs[name]) for name in tops if name in good], flops)
     return dict(n=n, tol=tol, rows=rows, best=best and best["name"], sustained=sustained,
+                paired=paired,
                 note="cuBLAS writes fp16; the course's rows fp32 unless marked fp16 out")
 
 

@@ -1,5 +1,8 @@
-"""Registers, local memory and one timed GEMM per mma.sync configuration: the inputs of an
-Nsight Compute run (`ncu --kernel-name mma_sync_kernel ... python3 tools/gpu/mma_profile.py`).
+"""Registers, local memory and the time of each mma.sync configuration beside cuBLAS fp16:
+ROUNDS (default 5) rounds of one short burst each, the order reversed every other round,
+and per configuration the median over rounds of its ratio to cuBLAS in that round. Also
+the inputs of an Nsight Compute run (`ncu --kernel-name mma_sync_kernel ... python3
+tools/gpu/mma_profile.py`).
 
     python3 tools/gpu/mma_profile.py 4096 "BM=256,BK=64,STAGES=3,FRAG_PIPE=1,GPTR=1" ...
 
@@ -68,13 +71,8 @@ def main() -> int:
     ref = (a.float() @ bt.float().T)
     flop = 2 * n**3
 
-    def cublas():
-        t = bench.time_gpu(lambda: a @ bt.T, repeat=15)
-        print(f"{'cuBLAS fp16':44} {'':33} {flop / t.median_ms / 1e9:6.1f} TFLOP/s")
-        return t.median_ms
-
     specs = sys.argv[2:]
-    rounds = int(os.environ.get("ROUNDS", "1"))  # > 1: the list again, medians per spec
+    rounds = int(os.environ.get("ROUNDS", "5"))
     checked, info = [], {}
     for spec in specs:
         cfg, f16, src = parse(spec)
@@ -90,21 +88,25 @@ def main() -> int:
         checked.append((spec, cfg, out, src))
         info[spec] = (f"regs {fn.num_regs:3} local {fn.local_size_bytes:4} B  "
                       f"smem {cfg.smem_bytes() // 1024:3} KiB err {err:.1e}")
-    base, times = [], {s: [] for s, _, _, _ in checked}
-    for _r in range(rounds):
-        base.append(cublas())
-        for spec, cfg, out, src in checked:
-            use_source(src)
-            t = bench.time_gpu(lambda cfg=cfg, out=out: MM.gemm_mma_raw(a, bt, out, cfg),
-                               repeat=15)
-            times[spec].append(t.median_ms)
-            print(f"{spec:44} {info[spec]} {flop / t.median_ms / 1e9:6.1f} TFLOP/s")
-    base.append(cublas())
-    cb = sorted(base)[0]
+    # each round: cuBLAS and every spec, one burst each, the order reversed every other
+    # round; per spec the median over rounds of cuBLAS's time over its own in that round
+    entries = [("cuBLAS fp16", None, None, None)] + checked
+    times = {name: [] for name, _, _, _ in entries}
+    for r in range(rounds):
+        for spec, cfg, out, src in entries if r % 2 == 0 else entries[::-1]:
+            if cfg is None:
+                fn = lambda: a @ bt.T  # noqa: E731
+            else:
+                use_source(src)
+                fn = lambda cfg=cfg, out=out: MM.gemm_mma_raw(a, bt, out, cfg)  # noqa: E731
+            times[spec].append(bench.time_gpu(fn, repeat=5).median_ms)
+    lib = times["cuBLAS fp16"]
     for spec, ms in times.items():
+        pct = sorted(100 * b / m for b, m in zip(lib, ms, strict=True))
         med = sorted(ms)[len(ms) // 2]
-        print(f"{spec:44} {flop / med / 1e9:6.1f} TFLOP/s {100 * cb / med:5.1f}% of the fastest "
-              f"cuBLAS timing (median of {len(ms)})")
+        print(f"{spec:44} {info.get(spec, ''):44} {flop / med / 1e9:6.1f} TFLOP/s "
+              f"{pct[len(pct) // 2]:5.1f}% of cuBLAS ({pct[0]:.1f}-{pct[-1]:.1f}, "
+              f"{len(ms)} rounds)")
     return 0
 
 
