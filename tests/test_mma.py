@@ -372,7 +372,7 @@ MUTANTS = {
                                           "kk * 2 + ((lane >> 3) & 1))", Spec(SWZ4), None),
     "B ldmatrix matrices 2, 3 not 8 rows on": (" + ((lane >> 4) << 3)", "", Spec(WIDE), None),
     "swizzle XOR with r / 2": ("((c ^ r) & 7)", "((c ^ (r >> 1)) & 7)", Spec(SWZ8), None),
-    "fragment XOR kept inside the first line": ("(size_t)(kk * 32)", "(size_t)((kk & 3) * 32)",
+    "fragment XOR kept inside the first line": ("(unsigned)(kk * 32)", "(unsigned)((kk & 3) * 32)",
                                                Spec(FP128), None),
     "line swizzle without XOR": ("((idx ^ line) & 7)", "(idx & 7)", Spec(SWZ4), None),
     "rows not padded": ("#define LDS (BK + 8)", "#define LDS BK", Spec(ASYNC_PAD), None),

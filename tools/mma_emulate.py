@@ -365,15 +365,17 @@ int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const lo
 # PTX helpers of mma_sync.cu: the instruction (and operand binding) each must contain,
 # which is what the model assumes, and the body that replaces it
 HELPERS = {
-    "smem_addr": (["__cvta_generic_to_shared(p)"], "return (unsigned)(size_t)p;"),
+    # shared addresses: offsets from the block's shared window (emu::window)
+    "smem_addr": (["__cvta_generic_to_shared(p)"],
+                  "return (unsigned)((uintptr_t)p - emu::window);"),
     "cp_async16": (['cp.async.cg.shared.global [%0], [%1], 16, %2;',
-                    ':: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)'],
-                   "emu::cp_async16(dst, src, valid);"),
+                    ':: "r"(dst), "l"(src), "r"(valid ? 16 : 0)'],
+                   "emu::cp_async16((void*)(emu::window + dst), src, valid);"),
     "cp_async_commit": (["cp.async.commit_group;"], "emu::commit();"),
     "cp_async_wait": (['cp.async.wait_group %0;', ':: "n"(N)'], "emu::wait(N);"),
     "ldsm_x4": (["ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];",
-                 ': "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p))'],
-                "emu::ldsm_x4(r, p);"),
+                 ': "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr)'],
+                "emu::ldsm_x4(r, (const emu::u16*)(emu::window + addr));"),
     "mma16816": (["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ",
                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 ",
                   "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};",

@@ -178,10 +178,11 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ void cp_async16(u16* dst, const void* src, bool valid) {
-    // src-size 0 writes sixteen zero bytes: out-of-range rows and the conv's padding
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+    // dst: a shared-memory address; src-size 0 writes sixteen zero bytes (the Kd tail, the
+    // conv's padding)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+                 :: "r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -189,9 +190,9 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-__device__ __forceinline__ void ldsm_x4(unsigned* r, const u16* p) {
+__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {   // a shared address
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
@@ -310,6 +311,8 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     extern __shared__ __align__(256) u16 smem[];
     u16* As = smem;
     u16* Bs = smem + STAGES * A_STAGE;
+    // the same, as shared-memory addresses (32 bits: the copies' and ldmatrix's arithmetic)
+    const unsigned sA = smem_addr(As), sB = smem_addr(Bs);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int mn = warp % MN_WARPS, ks = warp / MN_WARPS;   // warp tile, slice of K
@@ -427,7 +430,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #pragma unroll
         for (int j = 0; j < A_PER; ++j) {
             const bool ok = (taps[j] >> tap) & 1;
-            cp_async16(As + slot * A_STAGE + s_at(j), ok ? A + aoff[j] + tap_off : A, ok);
+            cp_async16(sA + 2 * (slot * A_STAGE + s_at(j)), ok ? A + aoff[j] + tap_off : A, ok);
         }
         tap_c += BK;
         tap_off += BK;
@@ -443,12 +446,12 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
 #else
 #pragma unroll
         for (int j = 0; j < A_PER; ++j)
-            cp_async16(As + slot * A_STAGE + s_at(j), ag + min(j, ajmax) * gstep, kin);
+            cp_async16(sA + 2 * (slot * A_STAGE + s_at(j)), ag + min(j, ajmax) * gstep, kin);
         ag += BK;
 #endif
 #pragma unroll
         for (int j = 0; j < B_PER; ++j)
-            cp_async16(Bs + slot * B_STAGE + s_at(j), bg + min(j, bjmax) * gstep, kin);
+            cp_async16(sB + 2 * (slot * B_STAGE + s_at(j)), bg + min(j, bjmax) * gstep, kin);
         bg += BK;
     };
 #elif ASYNC
@@ -460,7 +463,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                 int r = i / KCH, c = i % KCH;
                 bool ok;
                 const u16* src = a_chunk(j, kt * BK + c * 8, ok);
-                cp_async16(As + slot * A_STAGE + smem_off(r, c), src, ok);
+                cp_async16(sA + 2 * (slot * A_STAGE + smem_off(r, c)), src, ok);
             }
         }
 #pragma unroll
@@ -470,7 +473,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
                 int r = i / KCH, c = i % KCH;
                 bool ok;
                 const u16* src = b_src(B, pb, bn * BN + r, kt * BK + c * 8, ok);
-                cp_async16(Bs + slot * B_STAGE + smem_off(r, c), src, ok);
+                cp_async16(sB + 2 * (slot * B_STAGE + smem_off(r, c)), src, ok);
             }
         }
     };
@@ -529,24 +532,24 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
     // address, after the slot's base: it flips bits 5 to 4 + log2(BK / 16) only (bit 7
     // with BK = 128: chunk 8 onwards lies in the row's second line, which the swizzle
     // leaves in place), inside the 2 BK-byte rows the stages are aligned to.
-    auto frag_base = [&](const u16* stage, int off0, int kk) {
-        const u16* p = stage + off0;
-        return SWIZZLE ? (const u16*)((size_t)p ^ (size_t)(kk * 32)) : p + kk * 16;
+    auto frag_base = [&](unsigned stage, int off0, int kk) {
+        const unsigned p = stage + 2 * off0;
+        return SWIZZLE ? p ^ (unsigned)(kk * 32) : p + kk * 32;
     };
 #else
-    auto frag_base = [&](const u16* stage, int off0, int kk) { return stage + off0; };
+    auto frag_base = [&](unsigned stage, int off0, int kk) { return stage + 2 * off0; };
 #endif
 
     // one 16-deep step: fragments of step kk of a slot, then MI x NI mma.sync on them
     auto load_frags = [&](unsigned (&af)[MI][4], unsigned (&bf)[NI / 2][4], int slot, int kk) {
-        const u16* as = frag_base(As + slot * A_STAGE, FRAG_PIPE ? a_off[0] : a_off[kk], kk);
-        const u16* bs = frag_base(Bs + slot * B_STAGE, FRAG_PIPE ? b_off[0] : b_off[kk], kk);
+        const unsigned as = frag_base(sA + 2 * slot * A_STAGE, FRAG_PIPE ? a_off[0] : a_off[kk], kk);
+        const unsigned bs = frag_base(sB + 2 * slot * B_STAGE, FRAG_PIPE ? b_off[0] : b_off[kk], kk);
 #pragma unroll
         for (int i = 0; i < MI; ++i)   // rows lane % 16, k-half lane / 16
-            ldsm_x4(af[i], as + i * 16 * LDS);
+            ldsm_x4(af[i], as + 2 * i * 16 * LDS);
 #pragma unroll
         for (int j = 0; j < NI / 2; ++j)  // two n8 tiles (b0, b1 each) per ldmatrix.x4
-            ldsm_x4(bf[j], bs + j * 16 * LDS);
+            ldsm_x4(bf[j], bs + 2 * j * 16 * LDS);
     };
     auto mma_step = [&](const unsigned (&af)[MI][4], const unsigned (&bf)[NI / 2][4]) {
 #pragma unroll
