@@ -183,15 +183,26 @@ def require_sm80():
     return int(cc)
 
 
-@functools.cache
-def _kernel(cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
-    """The compiled kernel for one configuration (CuPy RawModule, once per process)."""
+def _compile(text: str, cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
     import cupy as cp
 
     opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
-    fn = cp.RawModule(code=source(), options=opts).get_function("mma_sync_kernel")
+    fn = cp.RawModule(code=text, options=opts).get_function("mma_sync_kernel")
     fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
     return fn
+
+
+@functools.cache
+def _kernel(cfg: MmaConfig, conv: bool, out_f16: bool, bf16: bool):
+    """The compiled kernel for one configuration (CuPy RawModule, once per process)."""
+    return _compile(source(), cfg, conv, out_f16, bf16)
+
+
+def compiler_for(text: str):
+    """`_kernel` over another copy of mma_sync.cu (same kernel signature): what the A/B
+    tools put in its place to time a change beside the package's kernel."""
+    return functools.cache(lambda cfg, conv, out_f16, bf16: _compile(text, cfg, conv, out_f16,
+                                                                     bf16))
 
 
 def compile_ptx(cfg: MmaConfig = GEMM_DEFAULT, arch: str = "compute_80", conv: bool = False,

@@ -12,7 +12,6 @@ TILES=BMxBNxBK/WMxWN/STAGES[/kKSLICE][/SWITCH=V...],... adds tiles (the conv's s
 beside each layer's choice, timed from the working tree's source only.
 """
 
-import functools
 import json
 import os
 import statistics
@@ -51,19 +50,6 @@ def parse_tiles(spec: str) -> list:
         out.append(replace(MM.STEP3, BM=bm, BN=bn, BK=bk, WM=wm, WN=wn, STAGES=int(stages),
                            **extra))
     return out
-
-
-def compiler(src: str):
-    """MM._kernel's signature, compiling `src` instead of the package's file."""
-    import cupy as cp
-
-    @functools.cache
-    def kernel(cfg, conv, out_f16, bf16):
-        opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
-        fn = cp.RawModule(code=src, options=opts).get_function("mma_sync_kernel")
-        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
-        return fn
-    return kernel
 
 
 def run_layer(ctx, lname, sources, extra):
@@ -141,7 +127,7 @@ def main() -> int:
     if os.environ.get("BASE"):
         sources = {"base": Path(os.environ["BASE"]).read_text(), **sources}
     for src in sources.values():
-        compiled[src] = compiler(src)
+        compiled[src] = MM.compiler_for(src)
     extra = parse_tiles(os.environ.get("TILES", ""))
     ctx = Context(clock=GpuClock())
     t0 = time.time()

@@ -42,17 +42,7 @@ _TREE_KERNEL = MM._kernel
 @functools.cache
 def _compiled(src: str):
     """MM._kernel's signature, compiling the file `src` instead of the package's."""
-    import cupy as cp
-
-    text = Path(src).read_text()
-
-    @functools.cache
-    def kernel(cfg, conv, out_f16, bf16):
-        opts = ("-std=c++17",) + cfg.validate().defines(CONV=conv, OUT_F16=out_f16, BF16=bf16)
-        fn = cp.RawModule(code=text, options=opts).get_function("mma_sync_kernel")
-        fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
-        return fn
-    return kernel
+    return MM.compiler_for(Path(src).read_text())
 
 
 def use_source(src):
