@@ -240,7 +240,9 @@ def work_floats(cfg: MmaConfig, sk_blocks: int) -> int:
     return SK_FLAGS + sk_blocks * cfg.BM * cfg.BN if sk_blocks else 0
 
 
-_WORK: dict = {}   # device -> zeroed CuPy float32 array, grown as needed
+# device -> zeroed CuPy float32 array, grown as needed: one workspace per device, so
+# STREAMK launches must not run on two streams at once (their flags and sums would mix)
+_WORK: dict = {}
 
 
 def _work(floats: int) -> int:
