@@ -102,11 +102,11 @@ class _DriftClock:
         return type("T", (), {"median_ms": self.script[name].pop(0)})()
 
 
-def test_paired_bursts_take_the_median_of_per_round_ratios():
+def test_burst_rounds_take_the_median_of_per_round_ratios():
     """The card slows between rounds (both kernels' times double in round 2): the per-round
     ratio stays, the median over rounds is the ratio of neighbours, not of medians."""
     clock = _DriftClock({"lib": [1.0, 2.0, 1.1], "ours": [2.0, 4.0, 2.0]})
-    race = TC._paired_bursts(_Ctx(clock), [("lib", lambda: "lib"), ("ours", lambda: "ours")],
+    race = TC._burst_rounds(_Ctx(clock), [("lib", lambda: "lib"), ("ours", lambda: "ours")],
                              flops=2e12, rounds=3)
     lib, ours = race["rows"]
     assert clock.order == ["lib", "ours", "ours", "lib", "lib", "ours"]   # reversed in turn

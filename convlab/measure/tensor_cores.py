@@ -123,7 +123,7 @@ def _sustained_race(ctx, pairs, flops, rounds=2):
                      "over the last 80% of each run")
 
 
-def _paired_bursts(ctx, pairs, flops, rounds=9):
+def _burst_rounds(ctx, pairs, flops, rounds=9):
     """Each (name, run) for one short burst (`clock.time_gpu`, 5 groups of ~2 ms), in turn,
     `rounds` times, the order reversed every other round, so that a kernel and the library
     are timed seconds apart on the card as it is then; per kernel the median ms and the
@@ -141,7 +141,7 @@ def _paired_bursts(ctx, pairs, flops, rounds=9):
         rows.append(dict(name=name, ms=med, tflops=flops / med / 1e9,
                          pct_library=float(np.median(pct)), pct_low=min(pct), pct_high=max(pct),
                          ms_rounds=[float(v) for v in ms]))
-        ctx.log(f"{name} paired bursts: {med:.3f} ms, {rows[-1]['pct_library']:.1f}% of {lib} "
+        ctx.log(f"{name} burst rounds: {med:.3f} ms, {rows[-1]['pct_library']:.1f}% of {lib} "
                 f"({min(pct):.1f}-{max(pct):.1f})")
     return dict(rows=rows, library=lib, rounds=rounds,
                 note="one short burst per kernel in turn, order reversed every other round; "
@@ -210,10 +210,10 @@ def _mma_gemm_size(ctx, n):
     # cuBLAS, round after round: the ratio without the drift between one row and the next
     tops = [f"mma.sync {MM.GEMM_TOP}"] + [f"mma.sync {c} (fp16 out)" for c in MM.GEMM_FP16_OUT[1:]]
     good = {r["name"] for r in rows if r.get("tflops")}
-    paired = _paired_bursts(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
+    burst_rounds = _burst_rounds(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
         (name, runs[name]) for name in tops if name in good], flops)
     return dict(n=n, tol=tol, rows=rows, best=best and best["name"], sustained=sustained,
-                paired=paired,
+                burst_rounds=burst_rounds,
                 note="cuBLAS writes fp16; the course's rows fp32 unless marked fp16 out")
 
 
