@@ -364,10 +364,10 @@ int run_grid(unsigned gx, unsigned gy, unsigned nt, size_t smem_bytes_, const lo
 
 # PTX helpers of mma_sync.cu: the instruction (and operand binding) each must contain,
 # which is what the model assumes, and the body that replaces it
+# both kernels' shared addresses: offsets from the block's shared window (emu::window)
+SMEM_ADDR = (["__cvta_generic_to_shared(p)"], "return (unsigned)((uintptr_t)p - emu::window);")
 HELPERS = {
-    # shared addresses: offsets from the block's shared window (emu::window)
-    "smem_addr": (["__cvta_generic_to_shared(p)"],
-                  "return (unsigned)((uintptr_t)p - emu::window);"),
+    "smem_addr": SMEM_ADDR,
     "cp_async16": (['cp.async.cg.shared.global [%0], [%1], 16, %2;',
                     ':: "r"(dst), "l"(src), "r"(valid ? 16 : 0)'],
                    "emu::cp_async16((void*)(emu::window + dst), src, valid);"),
@@ -808,8 +808,7 @@ def _wgmma_helper(n: int):
 
 
 WG_HELPERS = {
-    "smem_addr": (["__cvta_generic_to_shared(p)"],
-                  "return (unsigned)((uintptr_t)p - emu::window);"),
+    "smem_addr": SMEM_ADDR,
     "wgmma_n64": _wgmma_helper(64),
     "wgmma_n128": _wgmma_helper(128),
     "wgmma_n256": _wgmma_helper(256),

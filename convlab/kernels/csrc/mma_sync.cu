@@ -650,7 +650,7 @@ mma_sync_kernel(const u16* __restrict__ A, const u16* __restrict__ B, void* __re
         continue;
     }
     // the tile's end: add the shares of the blocks before this one that lie in this tile
-    for (int p = sk - 1; sk >= 0 && p >= 0 && sk_begin(p + 1) > t0; --p) {
+    for (int p = sk - 1; p >= 0 && sk_begin(p + 1) > t0; --p) {   // none if sk < 0
         if (tid == 0) {
             while (!flag_acquire(flags + p)) {
             }
