@@ -9,6 +9,8 @@
     SUBSAMPLE=0,1 python3 tools/gpu/flat_ks.py "1x1 256->512 56x56/2"   # strided 1x1 layers
                  # with the input subsampled first or not (with PREFETCH: at each depth)
     BATCH=32 ...                                       # another batch size than 1
+    SRC=path ...            # the rule's tile from another copy of flat_igemm.cu beside the
+                            # tree's, twice each in the order tree, SRC, tree, SRC
 
 Per layer: cuDNN fp32 (TF32 off), the rule (`flat_igemm_cuda.choose`), and the 32x32 tile
 forced to KS = 1, 2, 4 groups of 64 threads, each with the reduction split towards 4, 2 or
@@ -61,6 +63,24 @@ def tiles_for(p):
     return out
 
 
+def with_source(src: str, fn):
+    """fn, run with flat_igemm_cuda compiling the file `src` (its own module and plan
+    caches) instead of the package's flat_igemm.cu."""
+    own = dict(SOURCE_PATH=Path(src), _MODULES={}, _PLANS={})
+
+    def run(*args, **kw):
+        saved = {name: getattr(F, name) for name in own}
+        for name, v in own.items():
+            setattr(F, name, v)
+        try:
+            return fn(*args, **kw)
+        finally:
+            for name, v in saved.items():
+                setattr(F, name, v)
+
+    return run
+
+
 def time_us(fn):
     return 1e3 * timing.time_gpu_queued(fn, calls=50, repeat=7).median_ms
 
@@ -87,7 +107,12 @@ def run_layer(layer, rng):
     row = dict(layer=layer.name, cudnn_us=cudnn, rule=str(F.choose(p)), configs=[])
     runs = {"rule": (F.choose(p), F.conv2d_flat_igemm_cuda)}
     depths, subs = os.environ.get("PREFETCH"), os.environ.get("SUBSAMPLE")
-    if depths or subs:   # the rule's tile: slabs in flight 1, 2, ...; subsampled or not
+    if src := os.environ.get("SRC"):
+        other = with_source(src, F.make_launcher())
+        runs.update({"rule SRC": (F.choose(p), other),
+                     "rule again": (F.choose(p), F.make_launcher()),
+                     "rule SRC again": (F.choose(p), other)})
+    elif depths or subs:   # the rule's tile: slabs in flight 1, 2, ...; subsampled or not
         strided_1x1 = F.mode_of(p) == 0 and p.stride != (1, 1)
         for d in depths.split(",") if depths else [None]:
             for sub in [bool(int(v)) for v in subs.split(",")] if subs else [None]:
