@@ -21,7 +21,7 @@ Those few-tile grids also slice each slab's reduction inside the block (``KS`` g
 sums, group 0 adds the others' in a fixed order; the block loads each slab with KS times
 the threads, so an SM has KS times the warps to hide load and shared-memory latency.
 A small tile's slab is far shorter than a load's latency, so the loads of the next
-`prefetch_for` slabs (2, or 4 for long parts; fewer where a thread's sums and loads would
+`prefetch_for` slabs (2, or 5 for long parts; fewer where a thread's sums and loads would
 pass 96 registers, as on the 64x64 tile) are in flight while one is multiplied. A
 strided 1x1 layer with a large input reads its rows of x as scalars; `subsample_first`
 copies x[:, :, ::sh, ::sw] out densely first (a second, tiny launch) and runs the GEMM at
@@ -141,18 +141,19 @@ def choose(p, ks: int | None = None) -> Tile:
 
 
 PREFETCH = 2  # slabs whose loads are in flight (the source's default PREFETCH)
-DEEP_PREFETCH, DEEP_MIN_SLABS = 4, 16  # ... and for parts of at least 16 slabs
+DEEP_PREFETCH, DEEP_MIN_SLABS = 5, 16  # ... and for parts of at least 16 slabs
 MAX_THREAD_FLOATS = 96  # a thread's sums plus its loads in flight, at most
 
 
 def prefetch_for(tile: Tile, slabs_per_part: int) -> int:
-    """Slabs whose loads a part keeps in flight: 4 where it reduces 16 slabs or more, else
+    """Slabs whose loads a part keeps in flight: 5 where it reduces 16 slabs or more, else
     2 (a short part spends its first slabs filling a deep pipeline), fewer (down to 1)
     while the thread's sums and those loads would pass MAX_THREAD_FLOATS registers.
-    Chosen on the H200 (`results/h200_flat_prefetch_2026-12-03.txt`): on the batch-1
-    ResNet-50 layers (32x32 tiles; `tools/gpu/flat_ks.py`) 2 was at least as fast as 1 on
-    each and 4 faster than 2 on the parts of 16 slabs and more; at batch 32 and 128 the
-    tiles at 128 floats and more (64x64 at 2 and 4, 32x64 at 4) ran 1.13-2x slower than
+    Chosen on the H200 (`tools/gpu/flat_ks.py`, `results/h200_flat_prefetch_2026-12-03.txt`,
+    `results/h200_flat_prefetch5_2026-12-04.txt`): on the batch-1 ResNet-50 layers (32x32
+    tiles) 2 was at least as fast as 1 on each; on the parts of 16 slabs and more 4 was
+    faster than 2, and 5 faster than 4 (by 0-11%) and than 6 on each; at batch 32 and 128
+    the tiles at 128 floats and more (64x64 at 2 and 4, 32x64 at 4) ran 1.13-2x slower than
     at 1, the 32x32 tile at 80 (4 slabs) 5% faster."""
     depth = DEEP_PREFETCH if slabs_per_part >= DEEP_MIN_SLABS else PREFETCH
     while depth > 1 and tile.sums + depth * tile.slab_floats > MAX_THREAD_FLOATS:
