@@ -50,7 +50,11 @@ DW_CONFIGS = {  # per_sm: persistent blocks (at most what fits at once)
 STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
                  "dw32": [{}, dict(v=2, warps=4, pf=4), dict(v=2, warps=8, pf=4),
                           dict(v=2, warps=8, pf=2), dict(v=8, warps=4, pf=2),
-                          dict(v=3, warps=8, pf=5), dict(v=4, warps=8, pf=6)]}
+                          dict(v=3, warps=8, pf=5), dict(v=4, warps=8, pf=6),
+                          dict(v=4, warps=7, pf=6), dict(v=4, warps=4, pf=8),
+                          dict(v=7, warps=4, pf=6), dict(v=7, warps=8, pf=6),
+                          dict(v=8, warps=7, pf=6), dict(v=14, warps=8, pf=6),
+                          dict(v=16, warps=7, pf=8), dict(v=4, warps=4, pf=6, alt=0)]}
 T0 = time.time()
 TABLE = []
 
