@@ -152,9 +152,9 @@ def prefetch_for(tile: Tile, slabs_per_part: int) -> int:
     Chosen on the H200 (`tools/gpu/flat_ks.py`, `results/h200_flat_prefetch_2026-12-03.txt`,
     `results/h200_flat_prefetch5_2026-12-04.txt`): on the batch-1 ResNet-50 layers (32x32
     tiles) 2 was at least as fast as 1 on each; on the parts of 16 slabs and more 4 was
-    faster than 2, and 5 faster than 4 (by 0-11%) and than 6 on each; at batch 32 and 128
-    the tiles at 128 floats and more (64x64 at 2 and 4, 32x64 at 4) ran 1.13-2x slower than
-    at 1, the 32x32 tile at 80 (4 slabs) 5% faster."""
+    faster than 2, and 5 faster than 4 (by 0-11%) and at least as fast as 6 on each; at
+    batch 32 and 128 the tiles at 128 floats and more (64x64 at 2 and 4, 32x64 at 4) ran
+    1.13-2x slower than at 1, the 32x32 tile at 80 (4 slabs) 5% faster."""
     depth = DEEP_PREFETCH if slabs_per_part >= DEEP_MIN_SLABS else PREFETCH
     while depth > 1 and tile.sums + depth * tile.slab_floats > MAX_THREAD_FLOATS:
         depth -= 1
