@@ -70,7 +70,7 @@ extern "C" void run_gather(unsigned gx, unsigned gy, unsigned gz, const float* A
 @pytest.mark.parametrize("shape, wshape, stride, pad, dil", [
     ((2, 3, 13, 11), (70, 3, 7, 7), 2, 3, 1), ((1, 5, 9, 8), (9, 5, 3, 2), (1, 2), (1, 0), (2, 1))])
 def test_gather_gemm_on_the_cpu(bm, shape, wshape, stride, pad, dil):
-    from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
+    from convlab.kernels.gemm06_batched_cuda import GEMM_PATH
 
     lib = build_cpu_library(f"#define BM {bm}\n#define GATHER 1\n" + GEMM_PATH.read_text()
                             + GATHER_WRAPPER)

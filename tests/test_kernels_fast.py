@@ -27,6 +27,7 @@ from convlab.kernels import (
     conv09_implicit_gemm_cuda,
     gemm03_vectorized,
     gemm04_double_buffered,
+    gemm05_wide_loads,
 )
 from convlab.kernels import _blocking as blk
 from convlab.runtime import cuda, is_simulator
@@ -34,7 +35,7 @@ from convlab.runtime import cuda, is_simulator
 from ._nvrtc import nvrtc_available
 
 C7, C9 = conv07_implicit_gemm_warp_tiled, conv09_implicit_gemm_cuda
-NEW_GEMMS = ["register_blocked", "vectorized", "double_buffered"]
+NEW_GEMMS = ["register_blocked", "vectorized", "double_buffered", "wide_loads"]
 
 # ---------------------------------------------------------------------------------------
 # GEMM ladder
@@ -68,6 +69,49 @@ def test_gemm_refusals(name):
     with pytest.raises(ValueError, match="expected"):
         fn(a, c.to_device(np.ones((7, 3), np.float32)), c.to_device(np.zeros((3, 5),
                                                                               np.float32)))
+
+
+def _gemm_error(fn, M, N, K, seed):
+    """Max |out - A@B| / (|A|@|B|) of one call, out poisoned with NaN first; and whether the
+    16-byte build ran."""
+    c, rng = cuda(), np.random.default_rng(seed)
+    a, b = check.random_array((M, K), rng), check.random_array((K, N), rng)
+    ad, bd = c.to_device(a), c.to_device(b)
+    out = c.to_device(np.full((M, N), np.nan, np.float32))
+    fn(ad, bd, out)
+    got = out.copy_to_host() if hasattr(out, "copy_to_host") else np.asarray(out)
+    assert not np.isnan(got).any(), f"{M}x{N}x{K}: {int(np.isnan(got).sum())} not written"
+    ref = a.astype(np.float64) @ b
+    scale = np.abs(a).astype(np.float64) @ np.abs(b)
+    return float(np.max(np.abs(got - ref) / scale)), gemm05_wide_loads.takes_wide_loads(ad, bd, out)
+
+
+def test_gemm05_wide_build_whole_ragged_and_short_k():
+    """16-byte loads (K and N multiples of 4): K a multiple of BK, a ragged first slab,
+    K < BK (one slab, all of it ragged), M and N past the last whole tile."""
+    fn = gemm05_wide_loads.make(32, 32, 16, 4, 4)
+    for i, (M, N, K) in enumerate([(64, 32, 48), (70, 96, 36), (33, 64, 4), (40, 36, 20)]):
+        err, wide = _gemm_error(fn, M, N, K, i)
+        assert wide, (M, N, K)
+        assert err < 1e-5, f"{M}x{N}x{K}: error {err:.2e}"
+
+
+def test_gemm05_narrow_build_where_rows_are_not_16_bytes():
+    fn = gemm05_wide_loads.make(32, 32, 16, 4, 4)
+    for i, (M, N, K) in enumerate([(37, 32, 22), (32, 35, 48), (9, 7, 3)]):
+        err, wide = _gemm_error(fn, M, N, K, 10 + i)
+        assert not wide, (M, N, K)
+        assert err < 1e-5, f"{M}x{N}x{K}: error {err:.2e}"
+
+
+def test_gemm05_refuses_what_32_bit_offsets_cannot_address():
+    from types import SimpleNamespace
+
+    big = SimpleNamespace(shape=(65536, 65537), dtype=np.float32)
+    with pytest.raises(Unsupported, match="2\\^32"):
+        gemm05_wide_loads.gemm_wide_loads(big, SimpleNamespace(shape=(65537, 4),
+                                                                 dtype=np.float32),
+                                          SimpleNamespace(shape=(65536, 4), dtype=np.float32))
 
 
 def test_gemm_factory_refuses_bad_tiles():
@@ -239,7 +283,8 @@ PTX = r"""
     report = ptx_report(cc=(9, 0))  # every ladder kernel: a broken numba-cuda fails here
     assert set(report) == set(MODULES), sorted(set(MODULES) - set(report))
     for name in ("gemm_register_blocked", "gemm_vectorized", "gemm_double_buffered",
-                 "implicit_gemm", "implicit_gemm_double_buffered", "implicit_gemm_warp_tiled"):
+                 "gemm_wide_loads", "implicit_gemm", "implicit_gemm_double_buffered",
+                 "implicit_gemm_warp_tiled"):
         p = report[name]["ptx"]
         assert "ld.local" not in p and "st.local" not in p, name + ": local memory"
         assert "fma.rn.f32" in p, name + ": no fma"
@@ -249,6 +294,17 @@ PTX = r"""
         else:
             assert v4 >= 4, name + ": no 128-bit shared-memory reads"
         print(name, v4, p.count("fma.rn.f32"))
+    # gemm05: 16-byte global loads, 6 per slab (4 of A, 2 of B) in each of the slab loop,
+    # the prologue's whole slab and its ragged slab 0; gemm04 and the narrow build: none
+    from numba import cuda
+    from convlab.kernels import gemm05_wide_loads as W
+
+    assert report["gemm_wide_loads"]["ptx"].count("ld.global.v4.f32") == 18
+    assert "ld.global.v4.f32" not in report["gemm_double_buffered"]["ptx"]
+    narrow = W.make_kernel(wide=False)
+    ptx, _ = cuda.compile_ptx(narrow.py_func, W.SIGNATURE, cc=(9, 0),
+                              launch_bounds=narrow.targetoptions.get("launch_bounds"))
+    assert "ld.global.v4.f32" not in ptx and ptx.count("ld.global.f32") >= 24
     print("ptx ok")
 """
 

@@ -20,7 +20,7 @@ import pytest
 from convlab import check, winograd
 from convlab.kernels import Unsupported
 from convlab.kernels import winograd01_cuda as WC
-from convlab.kernels.gemm05_batched_cuda import GEMM_PATH
+from convlab.kernels.gemm06_batched_cuda import GEMM_PATH
 
 from ._emulate import assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available

@@ -28,6 +28,7 @@ from . import (  # noqa: E402
     gemm02_register_blocked,
     gemm03_vectorized,
     gemm04_double_buffered,
+    gemm05_wide_loads,
     separable01_rows_cols,
 )
 from ._launch import Unsupported, ceil_div  # noqa: E402
@@ -48,6 +49,7 @@ from .gemm01_tiled import gemm_tiled  # noqa: E402
 from .gemm02_register_blocked import gemm_register_blocked  # noqa: E402
 from .gemm03_vectorized import gemm_vectorized  # noqa: E402
 from .gemm04_double_buffered import gemm_double_buffered  # noqa: E402
+from .gemm05_wide_loads import gemm_wide_loads  # noqa: E402
 from .separable01_rows_cols import filter2d_separable  # noqa: E402
 
 # The conv ladder, in the order the lessons build it: name -> launcher.
@@ -89,6 +91,7 @@ MODULES = {
     "gemm_register_blocked": gemm02_register_blocked,
     "gemm_vectorized": gemm03_vectorized,
     "gemm_double_buffered": gemm04_double_buffered,
+    "gemm_wide_loads": gemm05_wide_loads,
     "depthwise": depthwise01_direct,
     "depthwise_smem": depthwise02_smem,
     "separable_cols": separable01_rows_cols,
@@ -106,6 +109,7 @@ GEMM_LADDER = {
     "register_blocked": gemm_register_blocked,
     "vectorized": gemm_vectorized,
     "double_buffered": gemm_double_buffered,
+    "wide_loads": gemm_wide_loads,
 }
 
 
@@ -148,6 +152,7 @@ __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupporte
            "conv2d_implicit_gemm", "conv2d_implicit_gemm_double_buffered",
            "conv2d_implicit_gemm_warp_tiled",
            "conv2d_implicit_gemm_tuned", "conv2d_implicit_gemm_cuda", "gemm_register_blocked",
-           "gemm_vectorized", "gemm_double_buffered", "conv08_implicit_gemm_tuned",
+           "gemm_vectorized", "gemm_double_buffered", "gemm_wide_loads",
+           "conv08_implicit_gemm_tuned",
            "conv09_implicit_gemm_cuda", "DEPTHWISE_LADDER", "SEPARABLE_LADDER", "conv2d_depthwise",
            "conv2d_depthwise_smem", "filter2d_separable"]

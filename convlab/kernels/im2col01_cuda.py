@@ -1,7 +1,7 @@
 """im2col + GEMM on the GPU: lesson 02's algorithm with the course's batched SGEMM.
 
 For each image, the columns (C*R*S x P*Q, built by ``csrc/im2col.cu``) times the filters
-(K x C*R*S) give the output (K x P*Q) already in NCHW order: one `gemm05_batched_cuda`
+(K x C*R*S) give the output (K x P*Q) already in NCHW order: one `gemm06_batched_cuda`
 launch does every image (the filters shared, stride 0). The reduction runs over exactly
 C*R*S (rounded up to 4), so a layer with few input channels — ResNet's stem, C = 3 —
 wastes nothing, where the implicit-GEMM kernels pad the channels of each (r, s) to a slab.
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, workspace
-from .gemm05_batched_cuda import conv_gather_gemm, sgemm_batched
+from .gemm06_batched_cuda import conv_gather_gemm, sgemm_batched
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "im2col.cu"
 @functools.cache

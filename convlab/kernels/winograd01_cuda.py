@@ -5,7 +5,7 @@ NumPy derivation in `convlab.winograd`, whose exact matrices the kernels are bui
 Three CUDA C kernels (``csrc/winograd.cu``, CuPy) around a batched GEMM: the filters and
 the input tiles go to the Winograd domain (U: a^2 x K x C, V: a^2 x C x T with a = m + 2,
 T the number of output tiles), a^2 GEMMs ``M[xi] = U[xi] @ V[xi]`` do the multiplications
-— the course's batched register-blocked SGEMM (`gemm05_batched_cuda`), or with
+— the course's batched register-blocked SGEMM (`gemm06_batched_cuda`), or with
 ``gemm="cublas"`` CuPy's strided-batched cuBLAS SGEMM (fp32, TF32 off) — and the output
 transform turns M back into m x m tiles. V and M go through memory between the steps (a
 fused kernel keeps them on chip); their bytes are part of the time. F(4x4) does 2.25
@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import winograd
 from ._launch import Unsupported, ceil_div, conv_launch_params, launcher, workspace
-from .gemm05_batched_cuda import sgemm_batched
+from .gemm06_batched_cuda import sgemm_batched
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "winograd.cu"
 
