@@ -294,12 +294,15 @@ PTX = r"""
         else:
             assert v4 >= 4, name + ": no 128-bit shared-memory reads"
         print(name, v4, p.count("fma.rn.f32"))
-    # gemm05: 16-byte global loads, 6 per slab (4 of A, 2 of B) in each of the slab loop,
-    # the prologue's whole slab and its ragged slab 0; gemm04 and the narrow build: none
+    # gemm05: a slab's A and B in 16-byte loads, (BM + BN) * BK / 4 per block, in each of
+    # the slab loop, the prologue's first whole slab and the ragged slab 0; gemm04 and the
+    # narrow build: none
     from numba import cuda
     from convlab.kernels import gemm05_wide_loads as W
 
-    assert report["gemm_wide_loads"]["ptx"].count("ld.global.v4.f32") == 18
+    t = W.KERNEL.tile
+    per_thread = (t["BM"] + t["BN"]) * t["BK"] // 4 // t["threads"]
+    assert report["gemm_wide_loads"]["ptx"].count("ld.global.v4.f32") == 3 * per_thread
     assert "ld.global.v4.f32" not in report["gemm_double_buffered"]["ptx"]
     narrow = W.make_kernel(wide=False)
     ptx, _ = cuda.compile_ptx(narrow.py_func, W.SIGNATURE, cc=(9, 0),

@@ -19,8 +19,9 @@ buffers); what changes is how a slab travels from global memory to registers.
    t+1's FMAs hide their latency.
 
 ``make_kernel(BM, BN, BK, TM, TN, min_blocks, wide)`` builds one kernel; `make_launcher`
-takes a wide and a narrow build and picks per call. The module's kernel uses 128x64x16
-tiles (8x8 outputs per thread, 128 threads), as gemm04.
+takes a wide and a narrow build and picks per call. The module's kernel keeps gemm04's 8x8
+outputs per thread and BK = 16 on 128x128 tiles (256 threads): with fewer registers for
+addresses (127), two such blocks fit on an SM.
 """
 
 from llvmlite import ir
@@ -289,6 +290,7 @@ def make(BM=128, BN=64, BK=16, TM=8, TN=8, min_blocks=None, name="gemm_wide_load
                          make_kernel(BM, BN, BK, TM, TN, min_blocks, wide=False), name)
 
 
-KERNEL = make_kernel(BM=128, BN=64, BK=16)
+TILE = dict(BM=128, BN=128, BK=16, TM=8, TN=8, min_blocks=2)
+KERNEL = make_kernel(**TILE)
 SIGNATURE = FLAT_GEMM_SIGNATURE
-gemm_wide_loads = make_launcher(KERNEL, make_kernel(BM=128, BN=64, BK=16, wide=False))
+gemm_wide_loads = make_launcher(KERNEL, make_kernel(**TILE, wide=False))

@@ -30,7 +30,7 @@ from convlab.kernels import gemm05_wide_loads as W  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from sgemm_profile import tile_spec  # noqa: E402  (BMxBNxBK[/TMxTN][:min_blocks])
 
-TILES = "64x64x16,128x128x16,128x128x16:2,128x256x8/16x8,128x128x16/16x8"
+TILES = "128x64x16,64x64x16,128x128x16,128x256x8/16x8,128x128x16/16x8"
 
 
 def main() -> int:
