@@ -184,8 +184,11 @@ def make_kernel(BM=128, BN=64, BK=16, TM=8, TN=8, min_blocks=None, wide=True):
 
         # Each step multiplies slab t while slab t+1 is in flight in registers, stores it to
         # the other buffer, waits, then starts the loads of slab t+2 (past the end, the last
-        # slab again: harmless), so the whole next slab's FMAs hide their latency. The loop
-        # body has no branch: a branch would let the compiler move the loads after the FMAs.
+        # slab again: harmless), so the whole next slab's FMAs hide their latency. Where
+        # they stand matters: the compiler moves a load towards its use within a block of
+        # straight-line code. At the top of the body, ptxas places them after two thirds of
+        # the FMAs; behind a branch, LLVM moves them after all of them; at the end of a
+        # branch-free body, nothing can move them past the loop's back edge.
         last = n_slabs - 1
         stride_b = uint64(N)
         k0 = uint64(max(min(1, last) * BK - shift, 0))
