@@ -83,7 +83,7 @@ def _gemm_error(fn, M, N, K, seed):
     assert not np.isnan(got).any(), f"{M}x{N}x{K}: {int(np.isnan(got).sum())} not written"
     ref = a.astype(np.float64) @ b
     scale = np.abs(a).astype(np.float64) @ np.abs(b)
-    return float(np.max(np.abs(got - ref) / scale)), gemm05_wide_loads.takes_wide_loads(ad, bd, out)
+    return float(np.max(np.abs(got - ref) / scale)), gemm05_wide_loads.takes_wide_loads(ad, bd)
 
 
 def test_gemm05_wide_build_whole_ragged_and_short_k():
