@@ -1,6 +1,7 @@
 """The memory-bound kernels against the copy: the 3x3 filter on 4096^2 and both depthwise
-layers, CUDA C (filter03_cuda, depthwise03_cuda) over a few tilings beside the best Numba
-kernels' defaults, PyTorch, and a device-to-device copy of the same bytes in the same run.
+layers, CUDA C (filter03_cuda, depthwise03_cuda, 04_strips, 05_window) over a few tilings
+beside the best Numba kernels' defaults, PyTorch, and a device-to-device copy of the same
+bytes in the same run.
 
     python3 tools/gpu/memory_bound.py          # table last; $OUT/memory_bound.json
     ONLY=filter python3 tools/gpu/memory_bound.py   # some sections: filter, dw512, dw32
@@ -30,6 +31,7 @@ from convlab.kernels import (  # noqa: E402
     depthwise02_smem,
     depthwise03_cuda,
     depthwise04_strips_cuda,
+    depthwise05_window_cuda,
     filter02_tiled,
     filter03_cuda,
 )
@@ -55,6 +57,8 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
                           dict(v=7, warps=4, pf=6), dict(v=7, warps=8, pf=6),
                           dict(v=8, warps=7, pf=6), dict(v=14, warps=8, pf=6),
                           dict(v=16, warps=7, pf=8), dict(v=4, warps=4, pf=6, alt=0)]}
+WINDOW_CONFIGS = [{}, dict(v=4, threads=128), dict(v=4, threads=512), dict(v=8),
+                  dict(v=8, threads=128), dict(v=2), dict(v=2, threads=512)]  # {}: default
 T0 = time.time()
 TABLE = []
 
@@ -198,6 +202,19 @@ def depthwise_section(layer, copy, torch):
         timed(sec, "depthwise04_strips_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
               + (" (default)" if not cfg else ""), rotating(
                   lambda i, c=cfg: depthwise04_strips_cuda.launch(dxs[i], dwt, dys[i], 1, 1,
+                                                                  **c)),
+              read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
+    for cfg in WINDOW_CONFIGS:
+        try:
+            t = depthwise05_window_cuda.plan(dxs[0], dwt, dys[0], 1, 1, 1, C, **{
+                **depthwise05_window_cuda.DEFAULT, **cfg})[-1]
+        except Exception:  # noqa: BLE001  (timed() records the failure)
+            t = cfg
+        for d in dys:
+            d.copy_to_device(check.poisoned(out_shape))
+        timed(sec, "depthwise05_window_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
+              + (" (default)" if not cfg else ""), rotating(
+                  lambda i, c=cfg: depthwise05_window_cuda.launch(dxs[i], dwt, dys[i], 1, 1,
                                                                   **c)),
               read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
     for d in dys:

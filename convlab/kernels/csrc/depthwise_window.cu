@@ -1,0 +1,123 @@
+// Depthwise convolution (groups = C, w (C, 1, R, S)), NCHW fp32, stride 1, "same" padding
+// (P = H, Q = W, PH = R / 2, PW = S / 2), with no shared memory and no barrier: shaped like
+// a copy kernel, one short run of y per thread.
+//
+// Thread t computes the V outputs of the flattened y at f0 = t V .. f0 + V - 1 (one plane:
+// H W % V == 0). The output at flat index f reads x at f + (r - PH) W + (s - PW) for every
+// output, whatever its row: the flat offset is the same, only which taps fall outside the
+// plane changes (a test of the output's row and column, per tap). So, per filter row r, the
+// V outputs read one run of x, [f0 + (r - PH) W - PW, f0 + (r - PH) W + V - 1 + S - 1 - PW];
+// the thread loads the LW-float vectors covering each run into registers (LW = 4: 16-byte
+// loads, f0 and the plane starts on 16 bytes) and every register it reads is a
+// compile-time index. Neighbouring threads' runs overlap: the overlap is read from L1/L2,
+// DRAM sees each byte of x about once. Vector indices are clamped into x; a clamped
+// vector only feeds taps outside the plane, which are zero.
+// Every shape is a template parameter: divisions by constants, loops unrolled.
+
+template <int LW> struct VecOf { typedef float type; };
+template <> struct VecOf<2> { typedef float2 type; };
+template <> struct VecOf<4> { typedef float4 type; };
+
+template <int LW>
+__device__ __forceinline__ void unpack(const typename VecOf<LW>::type& v, float* out);
+template <> __device__ __forceinline__ void unpack<1>(const float& v, float* out) {
+    out[0] = v;
+}
+template <> __device__ __forceinline__ void unpack<2>(const float2& v, float* out) {
+    out[0] = v.x; out[1] = v.y;
+}
+template <> __device__ __forceinline__ void unpack<4>(const float4& v, float* out) {
+    out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+}
+template <int LW>
+__device__ __forceinline__ typename VecOf<LW>::type pack(const float* in);
+template <> __device__ __forceinline__ float pack<1>(const float* in) { return in[0]; }
+template <> __device__ __forceinline__ float2 pack<2>(const float* in) {
+    return make_float2(in[0], in[1]);
+}
+template <> __device__ __forceinline__ float4 pack<4>(const float* in) {
+    return make_float4(in[0], in[1], in[2], in[3]);
+}
+
+// floor(a / b) for a compile-time b > 0 and a of either sign
+__host__ __device__ constexpr int floor_div(int a, int b) {
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// First vector (in floats, relative to f0) and vector count of filter row r's run.
+template <int W, int S, int V, int LW, int PH, int PW>
+struct Run {
+    __host__ __device__ static constexpr int lo(int r) {
+        return floor_div((r - PH) * W - PW, LW) * LW;
+    }
+    __host__ __device__ static constexpr int count(int r) {
+        return (floor_div((r - PH) * W + V - 1 + S - 1 - PW, LW) * LW - lo(r)) / LW + 1;
+    }
+    __host__ __device__ static constexpr int most(int R) {  // the longest run's count
+        int n = 0;
+        for (int r = 0; r < R; ++r) n = count(r) > n ? count(r) : n;
+        return n;
+    }
+};
+
+// Grid: ceil(N C H W / V / THREADS) blocks of THREADS threads; total = N C H W floats.
+template <int H, int W, int R, int S, int V, int LW, int THREADS>
+__global__ void __launch_bounds__(THREADS)
+depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
+                 float* __restrict__ y, int total, int C) {
+    static_assert(V % LW == 0 && (H * W) % V == 0, "V outputs of one plane, LW-aligned");
+    static_assert(R % 2 == 1 && S % 2 == 1, "odd filters ('same' padding)");
+    constexpr int PH = R / 2, PW = S / 2, HW = H * W;
+    typedef typename VecOf<LW>::type T;
+    typedef Run<W, S, V, LW, PH, PW> RunOf;
+    constexpr int MAXN = RunOf::most(R);
+    const int t = blockIdx.x * THREADS + threadIdx.x;
+    const int f0 = t * V;
+    if (f0 >= total) return;
+    const T* xv = reinterpret_cast<const T*>(x);
+    const int last = total / LW - 1;
+
+    // 1. every load of the thread in flight before the first FMA
+    float win[R][MAXN * LW];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int k = 0; k < MAXN; ++k) {
+            if (k < RunOf::count(r)) {  // a constant once r is unrolled
+                const int i = min(max(t * (V / LW) + RunOf::lo(r) / LW + k, 0), last);
+                unpack<LW>(__ldg(xv + i), &win[r][k * LW]);
+            }
+        }
+    }
+    const int plane = f0 / HW;
+    const float* tw = w + (plane % C) * (R * S);
+    float taps[R * S];
+#pragma unroll
+    for (int i = 0; i < R * S; ++i) taps[i] = __ldg(tw + i);
+
+    // 2. V outputs from registers: tap (r, s) of output v is win[r][v + s - PW + (r - PH) W
+    // - lo(r)], zero where row or column falls outside the plane
+    const int pos0 = f0 - plane * HW;
+    float out[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        const int p = (pos0 + v) / W, q = (pos0 + v) - (pos0 + v) / W * W;
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const bool rok = p + r - PH >= 0 && p + r - PH < H;
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                const bool ok = rok && q + s - PW >= 0 && q + s - PW < W;
+                const float a = win[r][v + s - PW + (r - PH) * W - RunOf::lo(r)];
+                acc = fmaf(taps[r * S + s], ok ? a : 0.0f, acc);
+            }
+        }
+        out[v] = acc;
+    }
+
+    // 3. V / LW vector stores
+    T* yv = reinterpret_cast<T*>(y + f0);
+#pragma unroll
+    for (int k = 0; k < V / LW; ++k) yv[k] = pack<LW>(&out[k * LW]);
+}

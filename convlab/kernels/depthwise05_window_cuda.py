@@ -1,0 +1,120 @@
+"""Depthwise convolution, step 5: a copy kernel that computes, no shared memory at all.
+
+`depthwise03_cuda` makes both ends of a block a contiguous copy, but between them a block
+waits at two barriers, and on 14 x 14 planes it stays near half the copy's speed. This
+kernel (``csrc/depthwise_window.cu``) has the shape of the copy itself: thread t writes the
+V outputs at t V .. t V + V - 1 of the flattened y (one 16-byte store for V = 4) and reads,
+per filter row, the few 16-byte vectors of flattened x that cover those outputs' taps. The
+output at flat index f reads x at f + (r - PH) W + (s - PW), whatever its row; only which
+taps lie outside the plane differs, a test per tap. So every register index is known at
+compile time (7 vectors per thread for 14-float rows, 9 for 112-float rows), neighbours'
+windows overlap in L1/L2, and DRAM moves each byte about once.
+
+Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per thread
+(H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4.
+
+Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
+
+    depthwise_window_cuda(x, w, y, stride=1, padding=(R // 2, S // 2), groups=C) -> y
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, remember
+from .depthwise01_direct import depthwise_params
+
+SOURCE_PATH = Path(__file__).parent / "csrc" / "depthwise_window.cu"
+NAME = "depthwise_window_cuda"
+MAX_SIZE = 5  # largest R and S: the window's registers grow with both
+MAX_V = 8
+DEFAULT = dict(v=4, threads=256)
+
+
+def kernel_name(H, W, R, S, v, lw, threads) -> str:
+    return f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {lw}, {threads}>"
+
+
+def outputs_per_thread(H: int, W: int, v: int) -> int:
+    """The largest of v, v / 2, ..., 1 that divides a plane (a thread's outputs stay in one
+    plane, so they share their channel's taps)."""
+    while v > 1 and (H * W) % v:
+        v //= 2
+    return v
+
+
+def vector_width(v: int, x, out) -> int:
+    """Floats per load and store: 4 or 2 where v and both buffers allow, else 1 (H W % v
+    == 0 puts every thread's first output, and every plane start, on v floats)."""
+    for lw in (4, 2):
+        if v % lw == 0 and all(device_pointer(a) % (4 * lw) == 0 for a in (x, out)):
+            return lw
+    return 1
+
+
+@functools.cache
+def _kernel(name: str):
+    import cupy as cp
+
+    mod = cp.RawModule(code=SOURCE_PATH.read_text(), options=("-std=c++17",),
+                       name_expressions=(name,))
+    return mod.get_function(name)
+
+
+def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
+         threads=DEFAULT["threads"]) -> tuple:
+    """Check a launch: (kernel, grid, block, int32 total, int32 C, tiling)."""
+    p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
+    for label, a in (("x", x), ("w", w), ("out", out)):
+        check_array(NAME, label, a, a.shape, ("float32",))
+    if p.stride != (1, 1) or p.padding != (p.R // 2, p.S // 2) or p.R % 2 == 0 or p.S % 2 == 0:
+        raise Unsupported(f"{NAME}: stride 1 and 'same' padding (odd R, S; padding R//2, "
+                          f"S//2) only, got stride {p.stride}, padding {p.padding}, "
+                          f"{p.R}x{p.S}")
+    if max(p.R, p.S) > MAX_SIZE:
+        raise Unsupported(f"{NAME}: filters up to {MAX_SIZE}x{MAX_SIZE}, got {p.R}x{p.S}")
+    if not (1 <= int(v) <= MAX_V and threads % 32 == 0 and 32 <= threads <= 1024):
+        raise Unsupported(f"{NAME}: bad tiling v={v} threads={threads} (v 1..{MAX_V}, "
+                          "threads a multiple of 32 up to 1024)")
+    total = p.N * p.C * p.H * p.W
+    if total >= 2**31:
+        raise Unsupported(f"{NAME}: {total} elements; the kernel indexes with 32 bits")
+    v = outputs_per_thread(p.H, p.W, int(v))
+    lw = vector_width(v, x, out)
+    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads))
+    grid = (ceil_div(ceil_div(total, v), threads),)
+    return k, grid, (threads,), np.int32(total), np.int32(p.C), dict(v=v, lw=lw,
+                                                                     threads=threads)
+
+
+_PLANS: dict = {}
+
+
+def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
+    """Run the kernel with an explicit tiling (v, threads); the plan is kept per shapes,
+    arguments, alignment and tiling."""
+    cfg = {**DEFAULT, **tiling}
+    try:
+        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
+               stride, padding, dilation, groups, tuple(sorted(cfg.items())),
+               device_pointer(x) % 16, device_pointer(out) % 16)
+        run = _PLANS.get(key)
+    except (AttributeError, TypeError, KeyError):  # checked by plan
+        key = run = None
+    if run is None:
+        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, **cfg))
+    import cupy as cp
+
+    k, grid, block, total, C, _ = run
+    k(grid, block, (cp.asarray(x), cp.asarray(w), cp.asarray(out), total, C))
+    return out
+
+
+@launcher
+def depthwise_window_cuda(x, w, out, stride=1, padding=1, dilation=1, groups=None):
+    """Depthwise conv (groups = C, w (C, 1, R, S)), stride 1, 'same' padding, up to 5x5."""
+    return launch(x, w, out, stride, padding, dilation, groups)

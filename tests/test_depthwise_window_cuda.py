@@ -1,0 +1,142 @@
+"""The depthwise layer as a copy that computes (convlab/kernels/depthwise05_window_cuda.py,
+csrc/depthwise_window.cu).
+
+Without a GPU: the kernel's CUDA C runs on the CPU (tests/_emulate.py) on several images
+and channels (each plane its own taps), runs of 4 outputs that cross a row (14-float rows),
+8, 2 and 1 outputs per thread, 16-, 8- and 4-byte vectors, 3x3, 5x5 and 3x5 filters, a last
+block past the end, NaN-poisoned outputs, against float64 `reference.conv2d` with
+groups = C, and no read outside x and w (the emulator's `__ldg` counts them); the source
+compiles with NVRTC to the vector loads the window needs, with no shared or local memory;
+launches it cannot run are refused before CuPy. On a GPU (marked gpu): the launcher
+against the reference.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import shutil
+
+import numpy as np
+import pytest
+
+from convlab import check
+from convlab.kernels import Unsupported
+from convlab.kernels import depthwise05_window_cuda as D
+
+from ._emulate import assert_close_to_reference, build_cpu_library
+from ._nvrtc import nvrtc_available
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+# (x shape, R, S, v, lw, threads)
+CASES = [
+    ((2, 3, 14, 14), 3, 3, 4, 4, 32),   # runs of 4 cross rows of 14; last block part-empty
+    ((1, 3, 8, 12), 3, 3, 8, 4, 64),    # two 16-byte stores per thread
+    ((1, 3, 7, 8), 5, 5, 4, 4, 32),     # 5x5: window rows two planes' rows away
+    ((1, 4, 6, 6), 3, 5, 2, 2, 32),     # 3x5, 8-byte vectors
+    ((2, 2, 5, 7), 3, 3, 1, 1, 32),     # 35-float planes: one output, 4-byte loads
+]
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lines = [D.SOURCE_PATH.read_text(), 'extern "C" long run_dw(int which, unsigned blocks, '
+             'const float* x, const float* w, float* y, int total, int C, int taps) {',
+             "  g_ldg_ranges[0][0] = (const char*)x;",
+             "  g_ldg_ranges[0][1] = (const char*)(x + total);",
+             "  g_ldg_ranges[1][0] = (const char*)w;",
+             "  g_ldg_ranges[1][1] = (const char*)(w + taps);",
+             "  g_ldg_nranges = 2; g_ldg_outside = 0;"]
+    for i, (shape, R, S, v, lw, threads) in enumerate(CASES):
+        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads)
+        lines.append(f"  if (which == {i}) run_grid(blocks, 1, 1, {threads}, [=] {{ "
+                     f"{name}(x, w, y, total, C); }});")
+    lines += ["  g_ldg_nranges = 0;", "  return g_ldg_outside;", "}"]
+    return build_cpu_library("\n".join(lines))
+
+
+@needs_gxx
+@pytest.mark.parametrize("which", range(len(CASES)))
+def test_kernel_on_the_cpu(which):
+    shape, R, S, v, lw, threads = CASES[which]
+    rng = np.random.default_rng(which + 70)
+    x = check.random_array(shape, rng)
+    w = check.random_array((shape[1], 1, R, S), rng)
+    y = check.poisoned(shape)
+    total = x.size
+    blocks = -(-(total // v) // threads)
+    lib = _library()
+    lib.run_dw.restype = ctypes.c_long
+    outside = lib.run_dw(which, blocks, *(ctypes.c_void_p(a.ctypes.data) for a in (x, w, y)),
+                         total, shape[1], w.size)
+    assert outside == 0, f"{outside} reads outside x and w"
+    assert_close_to_reference(y, x, w, padding=(R // 2, S // 2), groups=shape[1])
+
+
+def test_outputs_per_thread_stay_in_one_plane():
+    assert D.outputs_per_thread(14, 14, 4) == 4
+    assert D.outputs_per_thread(14, 14, 8) == 4     # 196 = 4 * 49
+    assert D.outputs_per_thread(5, 7, 4) == 1
+    assert D.outputs_per_thread(3, 6, 8) == 2
+
+
+def _vectors_per_thread(W, R, S, v, lw) -> int:
+    """Vectors of x covering filter row r's run [f0 + (r-PH) W - PW, ... + v-1 + S-1], with
+    f0 on lw floats: counted here from the run's ends, not from the kernel's formula."""
+    n = 0
+    for r in range(R):
+        lo = (r - R // 2) * W - S // 2
+        hi = lo + v - 1 + S - 1
+        n += len({f // lw for f in range(lo, hi + 1)})
+    return n
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="cuda-python's NVRTC missing")
+@pytest.mark.parametrize("H, W, vectors", [(14, 14, 7), (112, 112, 9)])
+def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
+    from convlab.kernels._nvrtc import nvrtc_ptx
+
+    assert _vectors_per_thread(W, 3, 3, 4, 4) == vectors
+    ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
+                    [D.kernel_name(H, W, 3, 3, 4, 4, 256)], "compute_80")
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    loads = [ln for ln in lines if ln.startswith("ld.global")]
+    assert sum(".v4.f32" in ln for ln in loads) == vectors
+    assert sum(ln.startswith("st.global.v4.f32") for ln in lines) == 1
+    assert not any(".shared" in ln or ".local" in ln for ln in lines)
+    assert "bar.sync" not in ptx
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(stride=2), "stride 1"),
+    (dict(padding=0), "same"),
+    (dict(w=np.ones((3, 1, 7, 7), np.float32), padding=3), "up to 5"),
+    (dict(v=16), "bad tiling"),
+    (dict(threads=48), "bad tiling")])
+def test_refusals_before_cupy(kw, match):
+    args = dict(x=np.zeros((1, 3, 8, 8), np.float32), w=np.ones((3, 1, 3, 3), np.float32),
+                out=np.zeros((1, 3, 8, 8), np.float32), stride=1, padding=1)
+    tiling = {k: kw.pop(k) for k in ("v", "threads") if k in kw}
+    args.update(kw)
+    if args["stride"] == 2:
+        args["out"] = np.zeros((1, 3, 4, 4), np.float32)
+    if args["padding"] == 0:
+        args["out"] = np.zeros((1, 3, 6, 6), np.float32)
+    with pytest.raises(Unsupported, match=match):
+        D.launch(args["x"], args["w"], args["out"], args["stride"], args["padding"], **tiling)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(32, 512, 14, 14), (2, 32, 112, 112), (3, 5, 13, 15),
+                                   (2, 6, 7, 10)])
+def test_launcher_on_gpu(shape):
+    from numba import cuda
+
+    rng = np.random.default_rng(shape[3])
+    x = check.random_array(shape, rng)
+    w = check.random_array((shape[1], 1, 3, 3), rng)
+    for cfg in ({}, dict(v=8, threads=128), dict(v=2), dict(v=1, threads=64)):
+        out = cuda.to_device(check.poisoned(shape))
+        D.launch(cuda.to_device(x), cuda.to_device(w), out, 1, 1, **cfg)
+        assert_close_to_reference(out.copy_to_host(), x, w, padding=1, groups=shape[1])
