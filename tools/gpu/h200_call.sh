@@ -8,7 +8,10 @@
 # the speed-task solutions), notebooks (04-07, 13 on the GPU), resnet50 (every distinct
 # ResNet-50 layer at batch 32, 1, 128, for what remains of the budget), tensor_cores (the
 # mma.sync / wgmma ladder of lesson 12, about 80 s), resnet50_cuda (every layer with the
-# CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s).
+# CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s), wide_loads (the
+# Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
+# (the filter and both depthwise layers against the copy, about 60 s), memory_tests (the
+# GPU tests of those kernels).
 set -u
 OUT=${OUT:-/tmp/convlab_out}
 W=/tmp/convlab_session
@@ -63,6 +66,13 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     resnet50_cuda) TAIL=20 step resnet50_cuda 300 env OUT="$W/res" python3 \
                      tools/gpu/resnet50_kernels.py 32,1,128 \
                      implicit_gemm_cuda,im2col_cuda,im2col_fused_cuda,winograd_f2_cuda,winograd_f4_cuda ;;
+    wide_loads) TAIL=30 step wide_loads 240 env OUT="$W/res" ROUNDS=2 python3 \
+                  tools/gpu/sgemm_wide_loads.py 4096 ;;
+    memory_bound) TAIL=70 step memory_bound 150 env OUT="$W/res" python3 \
+                    tools/gpu/memory_bound.py ;;
+    memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                    tests/test_depthwise_window_cuda.py tests/test_depthwise_cuda.py \
+                    tests/test_depthwise_strips_cuda.py tests/test_filter_cuda.py ;;
   esac
 done
 tar -czf "$OUT/results.tgz" -C "$W" res logs
