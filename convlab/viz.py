@@ -728,6 +728,46 @@ def draw_row_strips(H=10, V=2, lanes=16, show=1):
     return fig
 
 
+def draw_window_loads(runs, H=5, W=14, v=4, first=40, lw=4, R=3, S=3):
+    """The window of one thread of depthwise05_window_cuda on an H x W plane (a cell is a
+    float; the plane is flattened row by row). The thread's v outputs start at flat index
+    `first` (red frames); `runs` (from `depthwise05_window_cuda.window_runs`) gives, per
+    filter row r, the first float and the count of lw-float vectors it loads: filled, one
+    colour per r, each labelled with r and its vector number, a dark bar where a vector
+    starts. Flat runs wrap from one row to the next. Returns the figure."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(min(12, 0.5 * W + 1.5), 0.5 * H + 1.6))
+    colors = [["white"] * W for _ in range(H)]
+    labels = [[""] * W for _ in range(H)]
+    starts = []
+    for r, (lo, count) in enumerate(runs):
+        for k in range(count):
+            for j in range(lw):
+                f = first + lo + k * lw + j
+                if 0 <= f < H * W:
+                    colors[f // W][f % W] = CHANNEL_COLORS[r % len(CHANNEL_COLORS)]
+                    labels[f // W][f % W] = f"{r}.{k}" if j == 0 else ""
+                    if j == 0:
+                        starts.append((f // W, f % W))
+    _grid(ax, 0, 0, H, W, color=colors, labels=labels, fontsize=6)
+    for i, j in starts:
+        ax.plot([j, j], [i, i + 1], color="#023047", lw=2.4)
+    for o in range(v):
+        f = first + o
+        if 0 <= f < H * W:
+            _frame(ax, f % W, f // W, 1, 1)
+    for j in range(W):
+        ax.text(j + 0.5, H + 0.45, str(j), ha="center", fontsize=6)
+    for i in range(H):
+        ax.text(-0.4, i + 0.5, str(i), ha="right", va="center", fontsize=6)
+    n = sum(c for _, c in runs)
+    _finish(ax, f"one thread's {v} outputs (red: flat {first}..{first + v - 1}) and the {n} "
+                f"{4 * lw}-byte vectors it loads\n(label: filter row r . vector, colour: r; "
+                f"taps outside the plane are multiplied by zero)")
+    fig.tight_layout()
+    return fig
+
+
 def draw_banks(pitch=32, rows=8, cols=32):
     """A shared-memory tile with row pitch `pitch` floats, coloured by bank, and the 32
     words one warp reads when thread i reads row i of column 0 (a column read).

@@ -98,6 +98,10 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
     from convlab.kernels._nvrtc import nvrtc_ptx
 
     assert _vectors_per_thread(W, 3, 3, 4, 4) == vectors
+    assert sum(n for _, n in D.window_runs(W, 3, 3, 4, 4)) == vectors
+    for v, lw in ((8, 4), (2, 2), (1, 1)):
+        assert sum(n for _, n in D.window_runs(W, 3, 3, v, lw)) == _vectors_per_thread(
+            W, 3, 3, v, lw)
     ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
                     [D.kernel_name(H, W, 3, 3, 4, 4, 256)], "compute_80")
     lines = [ln.strip() for ln in ptx.splitlines()]

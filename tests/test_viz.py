@@ -136,6 +136,23 @@ def test_draw_row_strips_frames_one_window_and_the_edge_lanes():
     assert "reads the dashed 4 rows" in ax.get_title()
 
 
+def test_window_picture_covers_every_flat_tap_with_its_filter_rows_run():
+    from convlab.kernels import depthwise05_window_cuda as D
+
+    H, W, first = 5, 14, 40  # outputs (2, 12), (2, 13), (3, 0), (3, 1): a run crosses rows
+    fig = viz.draw_window_loads(D.window_runs(W, 3, 3, 4, 4), H=H, W=W, v=4, first=first)
+    ax = fig.axes[0]
+    cells = {(round(p.get_y()), round(p.get_x())): p.get_facecolor() for p in ax.patches
+             if p.get_fill()}
+    for o in range(4):
+        for r in range(3):
+            for s in range(3):
+                f = first + o + (r - 1) * W + (s - 1)  # flat tap, whatever the row
+                assert cells[divmod(f, W)] == matplotlib.colors.to_rgba(viz.CHANNEL_COLORS[r])
+    assert sum(1 for p in ax.patches if not p.get_fill()) == 4  # the outputs' frames
+    assert "the 7 16-byte vectors" in ax.get_title()
+
+
 # ---------------------------------------------------------------------------------------
 # Lessons 07-09's pictures and their counts
 

@@ -47,6 +47,19 @@ def outputs_per_thread(H: int, W: int, v: int) -> int:
     return v
 
 
+def window_runs(W: int, R: int, S: int, v: int, lw: int) -> list:
+    """Per filter row r, (first float, vectors) of the run of flattened x that a thread's
+    v outputs read, the first float relative to the thread's first output and on lw floats
+    (the kernel's ``Run``): the thread loads sum(vectors) lw-float vectors."""
+    ph, pw = R // 2, S // 2
+    runs = []
+    for r in range(R):
+        lo = ((r - ph) * W - pw) // lw * lw
+        hi = ((r - ph) * W + v - 1 + S - 1 - pw) // lw * lw
+        runs.append((lo, (hi - lo) // lw + 1))
+    return runs
+
+
 def vector_width(v: int, x, out) -> int:
     """Floats per load and store: 4 or 2 where v and both buffers allow, else 1 (H W % v
     == 0 puts every thread's first output, and every plane start, on v floats)."""
