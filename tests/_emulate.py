@@ -52,6 +52,7 @@ template <class T> inline T __ldg(const T* p) {
     if (!inside) { ++g_ldg_outside; return T{}; }
     return *p;
 }
+template <class T> inline void __stcs(T* p, T v) { *p = v; }
 #define __host__
 """
 

@@ -29,13 +29,13 @@ from ._nvrtc import nvrtc_available
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-# (x shape, R, S, v, lw, threads)
+# (x shape, R, S, v, lw, threads, stream)
 CASES = [
-    ((2, 3, 14, 14), 3, 3, 4, 4, 32),   # runs of 4 cross rows of 14; last block part-empty
-    ((1, 3, 8, 12), 3, 3, 8, 4, 64),    # two 16-byte stores per thread
-    ((1, 3, 7, 8), 5, 5, 4, 4, 32),     # 5x5: window rows two planes' rows away
-    ((1, 4, 6, 6), 3, 5, 2, 2, 32),     # 3x5, 8-byte vectors
-    ((2, 2, 5, 7), 3, 3, 1, 1, 32),     # 35-float planes: one output, 4-byte loads
+    ((2, 3, 14, 14), 3, 3, 4, 4, 32, 0),  # runs of 4 cross rows of 14; last block part-empty
+    ((1, 3, 8, 12), 3, 3, 8, 4, 64, 1),   # two 16-byte streaming stores per thread
+    ((1, 3, 7, 8), 5, 5, 4, 4, 32, 0),    # 5x5: window rows two planes' rows away
+    ((1, 4, 6, 6), 3, 5, 2, 2, 32, 1),    # 3x5, 8-byte vectors
+    ((2, 2, 5, 7), 3, 3, 1, 1, 32, 0),    # 35-float planes: one output, 4-byte loads
 ]
 
 
@@ -48,8 +48,8 @@ def _library() -> ctypes.CDLL:
              "  g_ldg_ranges[1][0] = (const char*)w;",
              "  g_ldg_ranges[1][1] = (const char*)(w + taps);",
              "  g_ldg_nranges = 2; g_ldg_outside = 0;"]
-    for i, (shape, R, S, v, lw, threads) in enumerate(CASES):
-        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads)
+    for i, (shape, R, S, v, lw, threads, stream) in enumerate(CASES):
+        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads, stream)
         lines.append(f"  if (which == {i}) run_grid(blocks, 1, 1, {threads}, [=] {{ "
                      f"{name}(x, w, y, total, C); }});")
     lines += ["  g_ldg_nranges = 0;", "  return g_ldg_outside;", "}"]
@@ -59,7 +59,7 @@ def _library() -> ctypes.CDLL:
 @needs_gxx
 @pytest.mark.parametrize("which", range(len(CASES)))
 def test_kernel_on_the_cpu(which):
-    shape, R, S, v, lw, threads = CASES[which]
+    shape, R, S, v, lw, threads, _ = CASES[which]
     rng = np.random.default_rng(which + 70)
     x = check.random_array(shape, rng)
     w = check.random_array((shape[1], 1, R, S), rng)
@@ -102,14 +102,15 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
     for v, lw in ((8, 4), (2, 2), (1, 1)):
         assert sum(n for _, n in D.window_runs(W, 3, 3, v, lw)) == _vectors_per_thread(
             W, 3, 3, v, lw)
-    ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
-                    [D.kernel_name(H, W, 3, 3, 4, 4, 256)], "compute_80")
-    lines = [ln.strip() for ln in ptx.splitlines()]
-    loads = [ln for ln in lines if ln.startswith("ld.global")]
-    assert sum(".v4.f32" in ln for ln in loads) == vectors
-    assert sum(ln.startswith("st.global.v4.f32") for ln in lines) == 1
-    assert not any(".shared" in ln or ".local" in ln for ln in lines)
-    assert "bar.sync" not in ptx
+    for stream, store in ((0, "st.global.v4.f32"), (1, "st.global.cs.v4.f32")):
+        ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
+                        [D.kernel_name(H, W, 3, 3, 4, 4, 256, stream)], "compute_80")
+        lines = [ln.strip() for ln in ptx.splitlines()]
+        loads = [ln for ln in lines if ln.startswith("ld.global")]
+        assert sum(".v4.f32" in ln for ln in loads) == vectors
+        assert [ln.split()[0] for ln in lines if ln.startswith("st.")] == [store]
+        assert not any(".shared" in ln or ".local" in ln for ln in lines)
+        assert "bar.sync" not in ptx
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -140,7 +141,7 @@ def test_launcher_on_gpu(shape):
     rng = np.random.default_rng(shape[3])
     x = check.random_array(shape, rng)
     w = check.random_array((shape[1], 1, 3, 3), rng)
-    for cfg in ({}, dict(v=8, threads=128), dict(v=2), dict(v=1, threads=64)):
+    for cfg in ({}, dict(v=8, threads=128), dict(v=2, stream=1), dict(v=1, threads=64)):
         out = cuda.to_device(check.poisoned(shape))
         D.launch(cuda.to_device(x), cuda.to_device(w), out, 1, 1, **cfg)
         assert_close_to_reference(out.copy_to_host(), x, w, padding=1, groups=shape[1])

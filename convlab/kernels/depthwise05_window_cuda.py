@@ -11,7 +11,9 @@ compile time (7 vectors per thread for 14-float rows, 9 for 112-float rows), nei
 windows overlap in L1/L2, and DRAM moves each byte about once.
 
 Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per thread
-(H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4.
+(H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4;
+plain or streaming stores (``stream=1``: ``st.global.cs``, as the fastest copy of these
+bytes in ``tools/gpu/copy_ceiling.py``).
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
 
@@ -32,11 +34,12 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "depthwise_window.cu"
 NAME = "depthwise_window_cuda"
 MAX_SIZE = 5  # largest R and S: the window's registers grow with both
 MAX_V = 8
-DEFAULT = dict(v=4, threads=256)
+DEFAULT = dict(v=4, threads=256, stream=0)
 
 
-def kernel_name(H, W, R, S, v, lw, threads) -> str:
-    return f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {lw}, {threads}>"
+def kernel_name(H, W, R, S, v, lw, threads, stream=0) -> str:
+    return (f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {lw}, {threads}, "
+            f"{'true' if stream else 'false'}>")
 
 
 def outputs_per_thread(H: int, W: int, v: int) -> int:
@@ -79,8 +82,11 @@ def _kernel(name: str):
 
 
 def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
-         threads=DEFAULT["threads"]) -> tuple:
-    """Check a launch: (kernel, grid, block, int32 total, int32 C, tiling)."""
+         threads=DEFAULT["threads"], stream=DEFAULT["stream"]) -> tuple:
+    """Check a launch: (kernel, grid, block, int32 total, int32 C, tiling).
+
+    v: outputs per thread (fewer where they would leave the plane); stream: streaming
+    stores (``st.global.cs``)."""
     p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
     for label, a in (("x", x), ("w", w), ("out", out)):
         check_array(NAME, label, a, a.shape, ("float32",))
@@ -98,17 +104,17 @@ def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"]
         raise Unsupported(f"{NAME}: {total} elements; the kernel indexes with 32 bits")
     v = outputs_per_thread(p.H, p.W, int(v))
     lw = vector_width(v, x, out)
-    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads))
+    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, stream))
     grid = (ceil_div(ceil_div(total, v), threads),)
-    return k, grid, (threads,), np.int32(total), np.int32(p.C), dict(v=v, lw=lw,
-                                                                     threads=threads)
+    return k, grid, (threads,), np.int32(total), np.int32(p.C), dict(
+        v=v, lw=lw, threads=threads, stream=int(bool(stream)))
 
 
 _PLANS: dict = {}
 
 
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
-    """Run the kernel with an explicit tiling (v, threads); the plan is kept per shapes,
+    """Run the kernel with an explicit tiling (v, threads, stream); the plan is kept per shapes,
     arguments, alignment and tiling."""
     cfg = {**DEFAULT, **tiling}
     try:

@@ -12,6 +12,7 @@
 // compile-time index. Neighbouring threads' runs overlap: the overlap is read from L1/L2,
 // DRAM sees each byte of x about once. Vector indices are clamped into x; a clamped
 // vector only feeds taps outside the plane, which are zero.
+// STREAM: the stores are streaming (st.global.cs: y is not read again soon).
 // Every shape is a template parameter: divisions by constants, loops unrolled.
 
 template <int LW> struct VecOf { typedef float type; };
@@ -61,7 +62,7 @@ struct Run {
 };
 
 // Grid: ceil(N C H W / V / THREADS) blocks of THREADS threads; total = N C H W floats.
-template <int H, int W, int R, int S, int V, int LW, int THREADS>
+template <int H, int W, int R, int S, int V, int LW, int THREADS, bool STREAM>
 __global__ void __launch_bounds__(THREADS)
 depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
                  float* __restrict__ y, int total, int C) {
@@ -119,5 +120,8 @@ depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
     // 3. V / LW vector stores
     T* yv = reinterpret_cast<T*>(y + f0);
 #pragma unroll
-    for (int k = 0; k < V / LW; ++k) yv[k] = pack<LW>(&out[k * LW]);
+    for (int k = 0; k < V / LW; ++k) {
+        if (STREAM) __stcs(yv + k, pack<LW>(&out[k * LW]));
+        else yv[k] = pack<LW>(&out[k * LW]);
+    }
 }
