@@ -1,6 +1,7 @@
 """The launchers' per-shape plans (depthwise, filter, conv top), under the simulator: a new
 shape gets a new plan, a repeat reuses it, and new values in the same buffers (weights,
-taps, inputs) are always used; the call-time measurement's dry run."""
+taps, inputs) are always used; the CUDA C depthwise launchers' shared plan cache
+(`planned_conv`); the call-time measurement's dry run."""
 
 import numpy as np
 import pytest
@@ -241,3 +242,33 @@ def test_race_tables_show_call_ms_and_read_rows_stored_without_it():
                                                   dict(old, name="new", call_ms=0.0371)])
     t2 = ladder.ladder_table(stored)
     assert "call ms" in t2 and "0.0371" in t2 and t2.splitlines()[2].split()[2] == "-"
+
+
+class _DeviceArray:
+    """Shape, dtype and a device address: all `planned_conv` reads of an array."""
+
+    def __init__(self, shape, address):
+        self.shape, self.dtype = shape, np.dtype(np.float32)
+        self.__cuda_array_interface__ = {"data": (address, False)}
+
+
+def test_planned_conv_plans_once_per_shape_arguments_tiling_and_alignment():
+    from convlab.kernels._launch import planned_conv
+
+    calls = []
+
+    def plan(x, w, out, stride, padding, **cfg):
+        calls.append((x.shape, stride, padding, cfg))
+        return object()
+
+    cache = {}
+    x, w, y = (_DeviceArray(s, 4096) for s in ((2, 3, 8, 8), (3, 1, 3, 3), (2, 3, 8, 8)))
+    first = planned_conv(cache, plan, x, w, y, (1, 1), dict(v=4))
+    assert planned_conv(cache, plan, x, w, y, (1, 1), dict(v=4)) is first and len(calls) == 1
+    planned_conv(cache, plan, x, w, y, (1, 1), dict(v=8))          # another tiling
+    planned_conv(cache, plan, _DeviceArray(x.shape, 4100), w, y, (1, 1), dict(v=4))  # 4 bytes off
+    planned_conv(cache, plan, x, w, y, (2, 1), dict(v=4))          # another stride
+    assert len(calls) == 4 and len(cache) == 4
+    planned_conv(cache, plan, x, w, y, (1, [1, 1]), dict(v=4))     # unhashable: planned, not kept
+    planned_conv(cache, plan, x, w, y, (1, [1, 1]), dict(v=4))
+    assert len(calls) == 6 and len(cache) == 4

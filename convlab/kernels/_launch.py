@@ -145,6 +145,19 @@ def launcher(fn):
     return fn
 
 
+def planned_conv(cache: dict, plan, x, w, out, args: tuple, cfg: dict):
+    """``plan(x, w, out, *args, **cfg)``, kept in `cache` per the arrays' shapes and dtypes,
+    args, cfg and the 16-byte alignment of x and out (the vector paths depend on it); an
+    argument the key cannot hold (checked by plan) plans afresh."""
+    try:
+        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype), args,
+               tuple(sorted(cfg.items())), device_pointer(x) % 16, device_pointer(out) % 16)
+        run = cache.get(key)
+    except (AttributeError, TypeError, KeyError):
+        key = run = None
+    return run if run is not None else remember(cache, key, plan(x, w, out, *args, **cfg))
+
+
 def device_pointer(a) -> int:
     """Device address of a Numba, CuPy or PyTorch array (no copy, no synchronization)."""
     p = getattr(a, "device_ctypes_pointer", None)  # Numba

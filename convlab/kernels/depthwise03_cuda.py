@@ -39,7 +39,7 @@ from ._launch import (
     check_array,
     device_pointer,
     launcher,
-    remember,
+    planned_conv,
     sm_count,
 )
 from .depthwise01_direct import depthwise_params
@@ -179,16 +179,8 @@ def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, g=None, tp=N
            threads=None, per_sm=None):
     """Run the kernel with an explicit tiling (the GPU sweep uses it); the plan is kept per
     shapes, arguments, alignment and tiling."""
-    try:
-        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
-               stride, padding, dilation, groups, g, tp, v, threads, per_sm,
-               device_pointer(x) % 16, device_pointer(out) % 16)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, KeyError):  # checked by plan
-        key = run = None
-    if run is None:
-        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, g, tp,
-                                         v, threads, per_sm))
+    run = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
+                       dict(g=g, tp=tp, v=v, threads=threads, per_sm=per_sm))
     import cupy as cp
 
     k, grid, block, NC, C, _ = run

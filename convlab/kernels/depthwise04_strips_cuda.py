@@ -22,7 +22,7 @@ import functools
 import numpy as np
 
 from . import filter03_cuda as F
-from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, remember
+from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, planned_conv
 from .depthwise01_direct import depthwise_params
 
 NAME = "depthwise_strips_cuda"
@@ -75,16 +75,8 @@ _PLANS: dict = {}
 
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
     """Run the kernel with an explicit tiling (v, warps, pf, alt as filter03_cuda's)."""
-    cfg = {**DEFAULT, **tiling}
-    try:
-        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
-               stride, padding, dilation, groups, tuple(sorted(cfg.items())),
-               device_pointer(x) % 16, device_pointer(out) % 16)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, KeyError):  # checked by plan
-        key = run = None
-    if run is None:
-        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, **cfg))
+    run = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
+                       {**DEFAULT, **tiling})
     import cupy as cp
 
     k, grid, block, H, W, C = run

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, remember
+from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, planned_conv
 from .depthwise01_direct import depthwise_params
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "depthwise_window.cu"
@@ -116,16 +116,8 @@ _PLANS: dict = {}
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
     """Run the kernel with an explicit tiling (v, threads, stream); the plan is kept per shapes,
     arguments, alignment and tiling."""
-    cfg = {**DEFAULT, **tiling}
-    try:
-        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
-               stride, padding, dilation, groups, tuple(sorted(cfg.items())),
-               device_pointer(x) % 16, device_pointer(out) % 16)
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, KeyError):  # checked by plan
-        key = run = None
-    if run is None:
-        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups, **cfg))
+    run = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
+                       {**DEFAULT, **tiling})
     import cupy as cp
 
     k, grid, block, total, C, _ = run
