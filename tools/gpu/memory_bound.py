@@ -183,41 +183,23 @@ def depthwise_section(layer, copy, torch):
         return dys[(state[0] - 1) % nsets].copy_to_host()  # the set the last call wrote
 
     sec = layer
-    for cfg in DW_CONFIGS[layer]:
-        try:
-            t = depthwise03_cuda.plan(dxs[0], dwt, dys[0], 1, 1, 1, C, **cfg)[-1]
-            label = "depthwise03_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
-        except Exception as e:  # noqa: BLE001
-            label = f"depthwise03_cuda {cfg} ({type(e).__name__})"
-            t = cfg
-        label += " (default)" if not cfg else ""
-        for d in dys:
-            d.copy_to_device(check.poisoned(out_shape))
-        timed(sec, label, rotating(lambda i, c=cfg: depthwise03_cuda.launch(
-            dxs[i], dwt, dys[i], 1, 1, 1, C, **c)), read, expected, absref, nbytes, copy,
-            config=t, rotating_sets=nsets)
-    for cfg in STRIP_CONFIGS[layer]:
-        t = {**depthwise04_strips_cuda.DEFAULT, **cfg}
-        for d in dys:
-            d.copy_to_device(check.poisoned(out_shape))
-        timed(sec, "depthwise04_strips_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
-              + (" (default)" if not cfg else ""), rotating(
-                  lambda i, c=cfg: depthwise04_strips_cuda.launch(dxs[i], dwt, dys[i], 1, 1,
-                                                                  **c)),
-              read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
-    for cfg in WINDOW_CONFIGS:
-        try:
-            t = depthwise05_window_cuda.plan(dxs[0], dwt, dys[0], 1, 1, 1, C, **{
-                **depthwise05_window_cuda.DEFAULT, **cfg})[-1]
-        except Exception:  # noqa: BLE001  (timed() records the failure)
-            t = cfg
-        for d in dys:
-            d.copy_to_device(check.poisoned(out_shape))
-        timed(sec, "depthwise05_window_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
-              + (" (default)" if not cfg else ""), rotating(
-                  lambda i, c=cfg: depthwise05_window_cuda.launch(dxs[i], dwt, dys[i], 1, 1,
-                                                                  **c)),
-              read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
+    for mod, configs in ((depthwise03_cuda, DW_CONFIGS[layer]),
+                         (depthwise04_strips_cuda, STRIP_CONFIGS[layer]),
+                         (depthwise05_window_cuda, WINDOW_CONFIGS)):
+        name = mod.__name__.rsplit(".", 1)[-1]
+        for cfg in configs:
+            try:  # the tiling the launcher settles on: its plan's, else its defaults and cfg
+                t = mod.plan(dxs[0], dwt, dys[0], 1, 1, 1, C, **{**getattr(mod, "DEFAULT", {}),
+                                                                  **cfg})[-1]
+                t = t if isinstance(t, dict) else {**mod.DEFAULT, **cfg}
+                label = f"{name} " + " ".join(f"{k}{v}" for k, v in t.items())
+            except Exception as e:  # noqa: BLE001  (timed() records the failure)
+                t, label = cfg, f"{name} {cfg} ({type(e).__name__})"
+            for d in dys:
+                d.copy_to_device(check.poisoned(out_shape))
+            timed(sec, label + (" (default)" if not cfg else ""), rotating(
+                lambda i, c=cfg, m=mod: m.launch(dxs[i], dwt, dys[i], 1, 1, 1, C, **c)),
+                read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
     for d in dys:
         d.copy_to_device(check.poisoned(out_shape))
     timed(sec, "depthwise02_smem default (Numba)", rotating(lambda i: depthwise02_smem.launch(
