@@ -33,7 +33,7 @@ from numba import cuda, float32, uint32
 
 from ..reference import conv_params
 from ._blocking import flat
-from ._launch import Unsupported, ceil_div, configured, launcher, remember
+from ._launch import Unsupported, ceil_div, check_array, configured, launcher, remember
 
 # Outputs per thread (down a column) and threads per block, from the H200 sweep of
 # `python -m convlab measure 11` (convlab/results/h200_lessons10_11.json). Stride 1: the
@@ -139,6 +139,22 @@ def depthwise_params(name, x, w, out, stride, padding, dilation, groups):
         raise ValueError(f"{name}: out has shape {tuple(out.shape)}, expected {p.out_shape}")
     if max(x.size, out.size) >= 2**31:
         raise Unsupported(f"{name}: tensors of 2**31 elements or more need 64-bit indices")
+    return p
+
+
+def same_padding_params(name, x, w, out, stride, padding, dilation, groups, max_size):
+    """`depthwise_params` of a kernel that runs stride 1 with "same" padding only (odd R
+    and S, padding R // 2 and S // 2), filters up to max_size on a side, on contiguous
+    float32 arrays."""
+    p = depthwise_params(name, x, w, out, stride, padding, dilation, groups)
+    for label, a in (("x", x), ("w", w), ("out", out)):
+        check_array(name, label, a, a.shape, ("float32",))
+    if p.stride != (1, 1) or p.padding != (p.R // 2, p.S // 2) or p.R % 2 == 0 or p.S % 2 == 0:
+        raise Unsupported(f"{name}: stride 1 and 'same' padding (odd R, S; padding R//2, "
+                          f"S//2) only, got stride {p.stride}, padding {p.padding}, "
+                          f"{p.R}x{p.S}")
+    if max(p.R, p.S) > max_size:
+        raise Unsupported(f"{name}: filters up to {max_size}x{max_size}, got {p.R}x{p.S}")
     return p
 
 

@@ -22,8 +22,8 @@ import functools
 import numpy as np
 
 from . import filter03_cuda as F
-from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, planned_conv
-from .depthwise01_direct import depthwise_params
+from ._launch import Unsupported, ceil_div, device_pointer, launcher, planned_conv
+from .depthwise01_direct import same_padding_params
 
 NAME = "depthwise_strips_cuda"
 MAX_SIZE = F.MAX_SIZE
@@ -50,15 +50,7 @@ def _kernel(R: int, S: int, name: str):
 def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
          warps=DEFAULT["warps"], pf=DEFAULT["pf"], alt=DEFAULT["alt"]) -> tuple:
     """Check a launch: (kernel, grid, block, int32 H, W, C)."""
-    p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
-    for label, a in (("x", x), ("w", w), ("out", out)):
-        check_array(NAME, label, a, a.shape, ("float32",))
-    if p.stride != (1, 1) or p.padding != (p.R // 2, p.S // 2) or p.R % 2 == 0 or p.S % 2 == 0:
-        raise Unsupported(f"{NAME}: stride 1 and 'same' padding (odd R, S; padding R//2, "
-                          f"S//2) only, got stride {p.stride}, padding {p.padding}, "
-                          f"{p.R}x{p.S}")
-    if max(p.R, p.S) > MAX_SIZE:
-        raise Unsupported(f"{NAME}: filters up to {MAX_SIZE}x{MAX_SIZE}, got {p.R}x{p.S}")
+    p = same_padding_params(NAME, x, w, out, stride, padding, dilation, groups, MAX_SIZE)
     if p.N * p.C > MAX_PLANES:
         raise Unsupported(f"{NAME}: {p.N * p.C} planes exceed the grid's {MAX_PLANES}")
     if not (1 <= v <= 64 and 1 <= warps <= 32 and 1 <= pf <= 8):

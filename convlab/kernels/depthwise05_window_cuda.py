@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ._launch import Unsupported, ceil_div, check_array, device_pointer, launcher, planned_conv
-from .depthwise01_direct import depthwise_params
+from ._launch import Unsupported, ceil_div, device_pointer, launcher, planned_conv
+from .depthwise01_direct import same_padding_params
 
 SOURCE_PATH = Path(__file__).parent / "csrc" / "depthwise_window.cu"
 NAME = "depthwise_window_cuda"
@@ -87,21 +87,11 @@ def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"]
 
     v: outputs per thread (fewer where they would leave the plane); stream: streaming
     stores (``st.global.cs``)."""
-    p = depthwise_params(NAME, x, w, out, stride, padding, dilation, groups)
-    for label, a in (("x", x), ("w", w), ("out", out)):
-        check_array(NAME, label, a, a.shape, ("float32",))
-    if p.stride != (1, 1) or p.padding != (p.R // 2, p.S // 2) or p.R % 2 == 0 or p.S % 2 == 0:
-        raise Unsupported(f"{NAME}: stride 1 and 'same' padding (odd R, S; padding R//2, "
-                          f"S//2) only, got stride {p.stride}, padding {p.padding}, "
-                          f"{p.R}x{p.S}")
-    if max(p.R, p.S) > MAX_SIZE:
-        raise Unsupported(f"{NAME}: filters up to {MAX_SIZE}x{MAX_SIZE}, got {p.R}x{p.S}")
+    p = same_padding_params(NAME, x, w, out, stride, padding, dilation, groups, MAX_SIZE)
     if not (1 <= int(v) <= MAX_V and threads % 32 == 0 and 32 <= threads <= 1024):
         raise Unsupported(f"{NAME}: bad tiling v={v} threads={threads} (v 1..{MAX_V}, "
                           "threads a multiple of 32 up to 1024)")
-    total = p.N * p.C * p.H * p.W
-    if total >= 2**31:
-        raise Unsupported(f"{NAME}: {total} elements; the kernel indexes with 32 bits")
+    total = p.N * p.C * p.H * p.W  # under 2**31 (depthwise_params): 32-bit indices
     v = outputs_per_thread(p.H, p.W, int(v))
     lw = vector_width(v, x, out)
     k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, stream))
