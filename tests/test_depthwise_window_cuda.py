@@ -3,12 +3,12 @@ csrc/depthwise_window.cu).
 
 Without a GPU: the kernel's CUDA C runs on the CPU (tests/_emulate.py) on several images
 and channels (each plane its own taps), runs of 4 outputs that cross a row (14-float rows),
-8, 2 and 1 outputs per thread, 16-, 8- and 4-byte vectors, 3x3, 5x5 and 3x5 filters, a last
-block past the end, NaN-poisoned outputs, against float64 `reference.conv2d` with
-groups = C, and no read outside x and w (the emulator's `__ldg` counts them); the source
-compiles with NVRTC to the vector loads the window needs, with no shared or local memory;
-launches it cannot run are refused before CuPy. On a GPU (marked gpu): the launcher
-against the reference.
+8, 2 and 1 outputs per run, 1 to 3 runs per thread (runs past the end), 16-, 8- and 4-byte
+vectors, 3x3, 5x5 and 3x5 filters, a last block past the end, NaN-poisoned outputs,
+against float64 `reference.conv2d` with groups = C, no read outside x and w (the
+emulator's `__ldg` counts them) and no store past y; the source compiles with NVRTC to the
+vector loads the window needs, with no shared or local memory; launches it cannot run are
+refused before CuPy. On a GPU (marked gpu): the launcher against the reference.
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ from ._nvrtc import nvrtc_available
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-# (x shape, R, S, v, lw, threads, stream)
+# (x shape, R, S, v, lw, threads, stream, u)
 CASES = [
-    ((2, 3, 14, 14), 3, 3, 4, 4, 32, 0),  # runs of 4 cross rows of 14; last block part-empty
-    ((1, 3, 8, 12), 3, 3, 8, 4, 64, 1),   # two 16-byte streaming stores per thread
-    ((1, 3, 7, 8), 5, 5, 4, 4, 32, 0),    # 5x5: window rows two planes' rows away
-    ((1, 4, 6, 6), 3, 5, 2, 2, 32, 1),    # 3x5, 8-byte vectors
-    ((2, 2, 5, 7), 3, 3, 1, 1, 32, 0),    # 35-float planes: one output, 4-byte loads
+    ((2, 3, 14, 14), 3, 3, 4, 4, 32, 0, 1),  # runs of 4 cross rows of 14; last block part-empty
+    ((1, 3, 8, 12), 3, 3, 8, 4, 64, 1, 1),   # two 16-byte streaming stores per thread
+    ((1, 3, 7, 8), 5, 5, 4, 4, 32, 0, 1),    # 5x5: window rows two planes' rows away
+    ((1, 4, 6, 6), 3, 5, 2, 2, 32, 1, 1),    # 3x5, 8-byte vectors
+    ((2, 2, 5, 7), 3, 3, 1, 1, 32, 0, 1),    # 35-float planes: one output, 4-byte loads
+    ((2, 5, 14, 14), 3, 3, 4, 4, 32, 0, 2),  # two runs a grid apart: 490 runs, 512 threads' worth
+    ((1, 3, 7, 8), 3, 3, 4, 4, 32, 1, 3),    # three runs: the second and third past the end
 ]
 
 
@@ -48,8 +50,8 @@ def _library() -> ctypes.CDLL:
              "  g_ldg_ranges[1][0] = (const char*)w;",
              "  g_ldg_ranges[1][1] = (const char*)(w + taps);",
              "  g_ldg_nranges = 2; g_ldg_outside = 0;"]
-    for i, (shape, R, S, v, lw, threads, stream) in enumerate(CASES):
-        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads, stream)
+    for i, (shape, R, S, v, lw, threads, stream, u) in enumerate(CASES):
+        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads, stream, u)
         lines.append(f"  if (which == {i}) run_grid(blocks, 1, 1, {threads}, [=] {{ "
                      f"{name}(x, w, y, total, C); }});")
     lines += ["  g_ldg_nranges = 0;", "  return g_ldg_outside;", "}"]
@@ -59,18 +61,21 @@ def _library() -> ctypes.CDLL:
 @needs_gxx
 @pytest.mark.parametrize("which", range(len(CASES)))
 def test_kernel_on_the_cpu(which):
-    shape, R, S, v, lw, threads, _ = CASES[which]
+    shape, R, S, v, lw, threads, _, u = CASES[which]
     rng = np.random.default_rng(which + 70)
     x = check.random_array(shape, rng)
     w = check.random_array((shape[1], 1, R, S), rng)
-    y = check.poisoned(shape)
     total = x.size
-    blocks = -(-(total // v) // threads)
+    y_and_guard = np.full(total + 64, 1234.5, np.float32)  # 64 floats no store may reach
+    y = y_and_guard[:total].reshape(shape)
+    y[...] = check.poisoned(shape)
+    blocks = -(-(total // v) // (u * threads))
     lib = _library()
     lib.run_dw.restype = ctypes.c_long
     outside = lib.run_dw(which, blocks, *(ctypes.c_void_p(a.ctypes.data) for a in (x, w, y)),
                          total, shape[1], w.size)
     assert outside == 0, f"{outside} reads outside x and w"
+    assert (y_and_guard[total:] == 1234.5).all(), "a store past the end of y"
     assert_close_to_reference(y, x, w, padding=(R // 2, S // 2), groups=shape[1])
 
 
@@ -111,6 +116,9 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
         assert [ln.split()[0] for ln in lines if ln.startswith("st.")] == [store]
         assert not any(".shared" in ln or ".local" in ln for ln in lines)
         assert "bar.sync" not in ptx
+    ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
+                    [D.kernel_name(H, W, 3, 3, 4, 4, 256, 0, 2)], "compute_80")
+    assert ptx.count(".v4.f32") - ptx.count("st.global.v4.f32") == 2 * vectors  # u = 2
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -118,11 +126,12 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
     (dict(padding=0), "same"),
     (dict(w=np.ones((3, 1, 7, 7), np.float32), padding=3), "up to 5"),
     (dict(v=16), "bad tiling"),
+    (dict(u=5), "bad tiling"),
     (dict(threads=48), "bad tiling")])
 def test_refusals_before_cupy(kw, match):
     args = dict(x=np.zeros((1, 3, 8, 8), np.float32), w=np.ones((3, 1, 3, 3), np.float32),
                 out=np.zeros((1, 3, 8, 8), np.float32), stride=1, padding=1)
-    tiling = {k: kw.pop(k) for k in ("v", "threads") if k in kw}
+    tiling = {k: kw.pop(k) for k in ("v", "u", "threads") if k in kw}
     args.update(kw)
     if args["stride"] == 2:
         args["out"] = np.zeros((1, 3, 4, 4), np.float32)
@@ -141,7 +150,8 @@ def test_launcher_on_gpu(shape):
     rng = np.random.default_rng(shape[3])
     x = check.random_array(shape, rng)
     w = check.random_array((shape[1], 1, 3, 3), rng)
-    for cfg in ({}, dict(v=8, threads=128), dict(v=2, stream=1), dict(v=1, threads=64)):
+    for cfg in ({}, dict(v=8, threads=128), dict(v=2, stream=1), dict(v=1, threads=64),
+                dict(u=2), dict(u=4, stream=1)):
         out = cuda.to_device(check.poisoned(shape))
         D.launch(cuda.to_device(x), cuda.to_device(w), out, 1, 1, **cfg)
         assert_close_to_reference(out.copy_to_host(), x, w, padding=1, groups=shape[1])

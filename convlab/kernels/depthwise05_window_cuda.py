@@ -12,8 +12,9 @@ windows overlap in L1/L2, and DRAM moves each byte about once.
 
 Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per thread
 (H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4;
-plain or streaming stores (``stream=1``: ``st.global.cs``, as the fastest copy of these
-bytes in ``tools/gpu/copy_ceiling.py``).
+u runs of V outputs per thread, a grid apart, all their loads issued first (more bytes in
+flight per thread, as the fastest copies of these bytes in ``tools/gpu/copy_ceiling.py``);
+plain or streaming stores (``stream=1``: ``st.global.cs``).
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
 
@@ -34,11 +35,12 @@ SOURCE_PATH = Path(__file__).parent / "csrc" / "depthwise_window.cu"
 NAME = "depthwise_window_cuda"
 MAX_SIZE = 5  # largest R and S: the window's registers grow with both
 MAX_V = 8
-DEFAULT = dict(v=4, threads=256, stream=0)
+MAX_U = 4
+DEFAULT = dict(v=4, u=1, threads=256, stream=0)
 
 
-def kernel_name(H, W, R, S, v, lw, threads, stream=0) -> str:
-    return (f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {lw}, {threads}, "
+def kernel_name(H, W, R, S, v, lw, threads, stream=0, u=1) -> str:
+    return (f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {u}, {lw}, {threads}, "
             f"{'true' if stream else 'false'}>")
 
 
@@ -82,30 +84,33 @@ def _kernel(name: str):
 
 
 def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
-         threads=DEFAULT["threads"], stream=DEFAULT["stream"]) -> tuple:
+         u=DEFAULT["u"], threads=DEFAULT["threads"], stream=DEFAULT["stream"]) -> tuple:
     """Check a launch: (kernel, grid, block, int32 total, int32 C, tiling).
 
-    v: outputs per thread (fewer where they would leave the plane); stream: streaming
-    stores (``st.global.cs``)."""
+    v: outputs per run (fewer where they would leave the plane); u: runs per thread, a
+    grid apart; stream: streaming stores (``st.global.cs``)."""
     p = same_padding_params(NAME, x, w, out, stride, padding, dilation, groups, MAX_SIZE)
-    if not (1 <= int(v) <= MAX_V and threads % 32 == 0 and 32 <= threads <= 1024):
-        raise Unsupported(f"{NAME}: bad tiling v={v} threads={threads} (v 1..{MAX_V}, "
-                          "threads a multiple of 32 up to 1024)")
+    if not (1 <= int(v) <= MAX_V and 1 <= int(u) <= MAX_U and threads % 32 == 0
+            and 32 <= threads <= 1024):
+        raise Unsupported(f"{NAME}: bad tiling v={v} u={u} threads={threads} (v 1..{MAX_V}, "
+                          f"u 1..{MAX_U}, threads a multiple of 32 up to 1024)")
     total = p.N * p.C * p.H * p.W  # under 2**31 (depthwise_params): 32-bit indices
     v = outputs_per_thread(p.H, p.W, int(v))
     lw = vector_width(v, x, out)
-    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, stream))
-    grid = (ceil_div(ceil_div(total, v), threads),)
-    return k, grid, (threads,), np.int32(total), np.int32(p.C), dict(
-        v=v, lw=lw, threads=threads, stream=int(bool(stream)))
+    blocks = ceil_div(ceil_div(total, v), int(u) * threads)
+    if blocks * threads * int(u) * v >= 2**31:
+        raise Unsupported(f"{NAME}: {total} elements; the grid's runs pass 32-bit indices")
+    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, stream, int(u)))
+    return k, (blocks,), (threads,), np.int32(total), np.int32(p.C), dict(
+        v=v, u=int(u), lw=lw, threads=threads, stream=int(bool(stream)))
 
 
 _PLANS: dict = {}
 
 
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
-    """Run the kernel with an explicit tiling (v, threads, stream); the plan is kept per shapes,
-    arguments, alignment and tiling."""
+    """Run the kernel with an explicit tiling (v, u, threads, stream); the plan is kept per
+    shapes, arguments, alignment and tiling."""
     run = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
                        {**DEFAULT, **tiling})
     import cupy as cp

@@ -57,9 +57,9 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
                           dict(v=7, warps=4, pf=6), dict(v=7, warps=8, pf=6),
                           dict(v=8, warps=7, pf=6), dict(v=14, warps=8, pf=6),
                           dict(v=16, warps=7, pf=8), dict(v=4, warps=4, pf=6, alt=0)]}
-WINDOW_CONFIGS = [{}, dict(v=4, threads=128), dict(v=4, threads=512), dict(v=8),
-                  dict(v=8, threads=128), dict(v=2), dict(v=2, threads=512),
-                  dict(stream=1), dict(v=8, stream=1)]  # {}: the default
+WINDOW_CONFIGS = [{}, dict(threads=128), dict(threads=512), dict(v=8), dict(v=8, threads=128),
+                  dict(v=2), dict(u=2), dict(u=4), dict(stream=1), dict(u=2, stream=1),
+                  dict(u=4, stream=1), dict(v=8, stream=1)]  # {}: the default
 T0 = time.time()
 TABLE = []
 

@@ -61,8 +61,11 @@ struct Run {
     }
 };
 
-// Grid: ceil(N C H W / V / THREADS) blocks of THREADS threads; total = N C H W floats.
-template <int H, int W, int R, int S, int V, int LW, int THREADS, bool STREAM>
+// Grid: ceil(N C H W / (V U THREADS)) blocks of THREADS threads; total = N C H W floats.
+// With U > 1, thread t of the grid's G threads takes the runs of V outputs t, t + G, ...,
+// t + (U - 1) G, every load of all of them issued first (more bytes in flight per thread;
+// each warp's stores stay contiguous).
+template <int H, int W, int R, int S, int V, int U, int LW, int THREADS, bool STREAM>
 __global__ void __launch_bounds__(THREADS)
 depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
                  float* __restrict__ y, int total, int C) {
@@ -72,56 +75,71 @@ depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
     typedef typename VecOf<LW>::type T;
     typedef Run<W, S, V, LW, PH, PW> RunOf;
     constexpr int MAXN = RunOf::most(R);
+    const int G = gridDim.x * THREADS;
     const int t = blockIdx.x * THREADS + threadIdx.x;
-    const int f0 = t * V;
-    if (f0 >= total) return;
+    if (t * V >= total) return;  // and every later run of the thread
     const T* xv = reinterpret_cast<const T*>(x);
     const int last = total / LW - 1;
 
     // 1. every load of the thread in flight before the first FMA
-    float win[R][MAXN * LW];
+    float win[U][R][MAXN * LW];
+    float taps[U][R * S];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-#pragma unroll
-        for (int k = 0; k < MAXN; ++k) {
-            if (k < RunOf::count(r)) {  // a constant once r is unrolled
-                const int i = min(max(t * (V / LW) + RunOf::lo(r) / LW + k, 0), last);
-                unpack<LW>(__ldg(xv + i), &win[r][k * LW]);
-            }
-        }
-    }
-    const int plane = f0 / HW;
-    const float* tw = w + (plane % C) * (R * S);
-    float taps[R * S];
-#pragma unroll
-    for (int i = 0; i < R * S; ++i) taps[i] = __ldg(tw + i);
-
-    // 2. V outputs from registers: tap (r, s) of output v is win[r][v + s - PW + (r - PH) W
-    // - lo(r)], zero where row or column falls outside the plane
-    const int pos0 = f0 - plane * HW;
-    float out[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-        const int p = (pos0 + v) / W, q = (pos0 + v) - (pos0 + v) / W * W;
-        float acc = 0.0f;
+    for (int u = 0; u < U; ++u) {
+        const int g = t + u * G;  // the run: outputs g V .. g V + V - 1
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            const bool rok = p + r - PH >= 0 && p + r - PH < H;
 #pragma unroll
-            for (int s = 0; s < S; ++s) {
-                const bool ok = rok && q + s - PW >= 0 && q + s - PW < W;
-                const float a = win[r][v + s - PW + (r - PH) * W - RunOf::lo(r)];
-                acc = fmaf(taps[r * S + s], ok ? a : 0.0f, acc);
+            for (int k = 0; k < MAXN; ++k) {
+                if (k < RunOf::count(r)) {  // a constant once r is unrolled
+                    const int i = min(max(g * (V / LW) + RunOf::lo(r) / LW + k, 0), last);
+                    unpack<LW>(__ldg(xv + i), &win[u][r][k * LW]);
+                }
             }
         }
-        out[v] = acc;
+        const float* tw = w + (min(g * V, total - 1) / HW % C) * (R * S);
+#pragma unroll
+        for (int i = 0; i < R * S; ++i) taps[u][i] = __ldg(tw + i);
     }
 
-    // 3. V / LW vector stores
-    T* yv = reinterpret_cast<T*>(y + f0);
+    // 2. V outputs per run from registers: tap (r, s) of output v is win[r][v + s - PW +
+    // (r - PH) W - lo(r)], zero where row or column falls outside the plane (every run,
+    // even one past the end: a test here would let the compiler sink its loads below it)
+    float out[U][V];
 #pragma unroll
-    for (int k = 0; k < V / LW; ++k) {
-        if (STREAM) __stcs(yv + k, pack<LW>(&out[k * LW]));
-        else yv[k] = pack<LW>(&out[k * LW]);
+    for (int u = 0; u < U; ++u) {
+        const int f0 = (t + u * G) * V;
+        const int pos0 = f0 - f0 / HW * HW;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            const int p = (pos0 + v) / W, q = (pos0 + v) - (pos0 + v) / W * W;
+            float acc = 0.0f;
+#pragma unroll
+            for (int rr = 0; rr < R; ++rr) {  // last row first: ptxas then issues nearly
+                const int r = R - 1 - rr;      // every load before the first FMA (sm_90)
+                const bool rok = p + r - PH >= 0 && p + r - PH < H;
+#pragma unroll
+                for (int ss = 0; ss < S; ++ss) {
+                    const int s = S - 1 - ss;
+                    const bool ok = rok && q + s - PW >= 0 && q + s - PW < W;
+                    const float a = win[u][r][v + s - PW + (r - PH) * W - RunOf::lo(r)];
+                    acc = fmaf(taps[u][r * S + s], ok ? a : 0.0f, acc);
+                }
+            }
+            out[u][v] = acc;
+        }
+    }
+
+    // 3. V / LW vector stores per run inside y
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int f0 = (t + u * G) * V;
+        if (f0 >= total) break;
+        T* yv = reinterpret_cast<T*>(y + f0);
+#pragma unroll
+        for (int k = 0; k < V / LW; ++k) {
+            if (STREAM) __stcs(yv + k, pack<LW>(&out[u][k * LW]));
+            else yv[k] = pack<LW>(&out[u][k * LW]);
+        }
     }
 }
