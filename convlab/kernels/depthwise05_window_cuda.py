@@ -12,8 +12,9 @@ windows overlap in L1/L2, and DRAM moves each byte about once.
 
 Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per thread
 (H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4;
-u runs of V outputs per thread, a grid apart, all their loads issued first (more bytes in
-flight per thread, as the fastest copies of these bytes in ``tools/gpu/copy_ceiling.py``);
+u runs of V outputs per thread, a grid apart, their loads written before any FMA (more
+bytes in flight per thread, as the fastest copies of these bytes in
+``tools/gpu/copy_ceiling.py``; ptxas still schedules some of them among the FMAs);
 plain or streaming stores (``stream=1``: ``st.global.cs``).
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::

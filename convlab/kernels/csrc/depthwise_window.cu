@@ -63,8 +63,9 @@ struct Run {
 
 // Grid: ceil(N C H W / (V U THREADS)) blocks of THREADS threads; total = N C H W floats.
 // With U > 1, thread t of the grid's G threads takes the runs of V outputs t, t + G, ...,
-// t + (U - 1) G, every load of all of them issued first (more bytes in flight per thread;
-// each warp's stores stay contiguous).
+// t + (U - 1) G, every load of all of them written first (more bytes in flight per
+// thread; each warp's stores stay contiguous; ptxas still places some loads among the
+// FMAs of earlier runs).
 template <int H, int W, int R, int S, int V, int U, int LW, int THREADS, bool STREAM>
 __global__ void __launch_bounds__(THREADS)
 depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
