@@ -4,7 +4,8 @@ tiles, beside cuBLAS fp32 (TF32 off), in one process.
     COMMIT=<tree> python3 tools/gpu/sgemm_wide_loads.py [n]   # table last
     TILES=128x64x16,128x256x8/16x8 ...                        # other gemm05 tiles
 
-Writes $OUT/h200_gemm_wide_loads.json.
+Writes $OUT/h200_gemm_wide_loads.json, the file lesson 09 reads (with the stored file's SASS
+counts carried over).
 
 First `check.check_gemm` on the module's launcher (odd shapes: the 4-byte build) and a
 poisoned 16-byte case of every tile; then `ladder.run_gemm_ladder` at n^3 (4096 on the
@@ -68,7 +69,13 @@ def main() -> int:
                   about="The Numba GEMM ladder and gemm05_wide_loads over tiles beside cuBLAS "
                         "fp32 (TF32 off), every output checked against float64 first; rounds "
                         "of the whole list, one after another.",
-                  n=n, registers=regs, rounds=rounds, seconds=round(time.time() - t0, 1))
+                  n=n, timed="gemm05_wide_loads itself: the module's launcher (row "
+                  "'wide_loads', edge code and all) and its builds over tiles (rows "
+                  "'wide_loads <tile>').", module_row="wide_loads", registers=regs,
+                  rounds=rounds, seconds=round(time.time() - t0, 1))
+    stored = Path(__file__).resolve().parents[2] / "convlab/results/h200_gemm_wide_loads.json"
+    if stored.exists():  # the slab loops' SASS counts, computed without a GPU (lesson 09)
+        result["sass"] = json.loads(stored.read_text()).get("sass", {})
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "h200_gemm_wide_loads.json"), "w") as f:
         json.dump(result, f, indent=1)
