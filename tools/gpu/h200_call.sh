@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call of several named steps, each under its own time limit, most important first;
 # results and logs go to $OUT/results.tgz and a summary is printed last.
-#   STEPS="bench lessons04_06 tests" BUDGET=560 bash tools/gpu/h200_call.sh
+#   STEPS="bench lessons04_06 tests" BUDGET=560 COMMIT=<tree> bash tools/gpu/h200_call.sh
 # Steps: bench (ladder + GEMM ladder + batch sweep, Triton beside), lessons04_06 (measure),
 # profile (ncu), call_time, census (ResNet-18, into the stored lessons12_13 file),
 # tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of

@@ -3,7 +3,7 @@ layers, CUDA C (filter03_cuda, depthwise03_cuda, 04_strips, 05_window) over a fe
 beside the best Numba kernels' defaults, PyTorch, and a device-to-device copy of the same
 bytes in the same run.
 
-    python3 tools/gpu/memory_bound.py          # table last; $OUT/memory_bound.json
+    COMMIT=<tree> python3 tools/gpu/memory_bound.py   # table last; $OUT/h200_memory_bound.json
     ONLY=filter python3 tools/gpu/memory_bound.py   # some sections: filter, dw512, dw32
 
 Every variant is checked against float64 (poisoned output first), then timed with
@@ -25,7 +25,7 @@ import convlab
 convlab.setup()
 from numba import cuda  # noqa: E402
 
-from convlab import baselines, bench, check, problems  # noqa: E402
+from convlab import baselines, bench, check, ladder, problems  # noqa: E402
 from convlab import reference as ref  # noqa: E402
 from convlab.kernels import (  # noqa: E402
     depthwise02_smem,
@@ -60,6 +60,10 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
 WINDOW_CONFIGS = [{}, dict(threads=128), dict(threads=512), dict(v=8), dict(v=8, threads=128),
                   dict(v=2), dict(u=2), dict(u=4), dict(stream=1), dict(u=2, stream=1),
                   dict(u=4, stream=1), dict(v=8, stream=1)]  # {}: the default
+ABOUT = ("The 3x3 filter on 4096^2 and the two depthwise layers (b32 512ch 14x14, b32 32ch "
+         "112x112): the CUDA C and Numba kernels over tilings, PyTorch, and a D2D copy of the same "
+         "bytes, each checked against float64 before it was timed (queued launches, median); % of "
+         "the best D2D copy of 2 GiB.")
 T0 = time.time()
 TABLE = []
 
@@ -239,11 +243,17 @@ def main():
         depthwise_section(layer, copy, torch)
         print(f"({time.time() - T0:.0f} s)", flush=True)
     name = getattr(cuda.get_current_device(), "name", "unknown")
-    res = dict(copy_gbps=copy, device=name.decode() if isinstance(name, bytes) else str(name),
+    env = ladder.environment()
+    res = dict(environment=env,
+               run=dict(date=env["date"], commit=os.environ.get("COMMIT", "?"),
+                        command="python3 tools/gpu/memory_bound.py",
+                        clock="cuda events (queued launches, median)"),
+               about=ABOUT, copy_gbps=copy,
+               device=name.decode() if isinstance(name, bytes) else str(name),
                seconds=time.time() - T0, rows=TABLE)
     out = os.environ.get("OUT", ".")
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "memory_bound.json"), "w") as f:
+    with open(os.path.join(out, "h200_memory_bound.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     print(f"\n{'section':6s} {'variant':44s} {'us':>8s} {'GB/s':>6s} {'% copy':>7s}")
     for r in TABLE:
@@ -261,7 +271,7 @@ def main():
         if best and same:
             print(f"best {sec}: {best['name']}: {best['pct_copy']:.1f}% of copy, "
                   f"{100 * best['gbps'] / same['gbps']:.1f}% of the same-bytes copy")
-    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {out}/memory_bound.json")
+    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {out}/h200_memory_bound.json")
 
 
 if __name__ == "__main__":
