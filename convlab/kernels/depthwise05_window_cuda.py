@@ -7,8 +7,8 @@ V outputs at t V .. t V + V - 1 of the flattened y (one 16-byte store for V = 4)
 per filter row, the few 16-byte vectors of flattened x that cover those outputs' taps. The
 output at flat index f reads x at f + (r - PH) W + (s - PW), whatever its row; only which
 taps lie outside the plane differs, a test per tap. So every register index is known at
-compile time (7 vectors per thread for 14-float rows, 9 for 112-float rows), neighbours'
-windows overlap in L1/L2, and DRAM moves each byte about once.
+compile time (7 vectors per thread for 14-float rows, 9 for 112-float rows), and
+neighbours' windows overlap, for L1/L2 to serve, so that DRAM moves each byte about once.
 
 Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per thread
 (H W % V == 0); 16-byte vectors where V, the planes and the buffers allow, else 8 or 4;

@@ -9,8 +9,8 @@
 // V outputs read one run of x, [f0 + (r - PH) W - PW, f0 + (r - PH) W + V - 1 + S - 1 - PW];
 // the thread loads the LW-float vectors covering each run into registers (LW = 4: 16-byte
 // loads, f0 and the plane starts on 16 bytes) and every register it reads is a
-// compile-time index. Neighbouring threads' runs overlap: the overlap is read from L1/L2,
-// DRAM sees each byte of x about once. Vector indices are clamped into x; a clamped
+// compile-time index. Neighbouring threads' runs overlap: the overlap is meant to come
+// from L1/L2, so that DRAM sees each byte of x about once. Vector indices are clamped into x; a clamped
 // vector only feeds taps outside the plane, which are zero.
 // STREAM: the stores are streaming (st.global.cs: y is not read again soon).
 // Every shape is a template parameter: divisions by constants, loops unrolled.
