@@ -152,6 +152,14 @@ def filter_section(copy):
                 for c in FILTER_CONFIGS]
     variants.append(("filter02_tiled default (Numba)", lambda: filter02_tiled.launch(
         d_img, d_taps, d_out, taps=GAUSS, **filter02_tiled.TILE), filter02_tiled.TILE))
+    # the window kernel runs the filter as a depthwise layer of one plane (N = C = 1)
+    d_img4, d_out4 = d_img.reshape(1, 1, n, n), d_out.reshape(1, 1, n, n)
+    d_w4 = cuda.to_device(GAUSS[None, None])
+    for c in ({}, dict(u=2), dict(v=8), dict(stream=1)):
+        t = {**depthwise05_window_cuda.DEFAULT, **c}
+        variants.append(("depthwise05_window_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
+                         + " (as a filter)", lambda c=c: depthwise05_window_cuda.launch(
+                             d_img4, d_w4, d_out4, 1, 1, 1, 1, **c), t))
     for name, fn, cfg in variants:
         poison()
         timed("filter", name, fn, read, expected, absref, nbytes, copy, config=cfg)
