@@ -82,7 +82,7 @@ depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
     const T* xv = reinterpret_cast<const T*>(x);
     const int last = total / LW - 1;
 
-    // 1. every load of the thread in flight before the first FMA
+    // 1. every load of the thread, written before the first FMA
     float win[U][R][MAXN * LW];
     float taps[U][R * S];
 #pragma unroll
