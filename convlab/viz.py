@@ -734,7 +734,9 @@ def draw_window_loads(runs, H=5, W=14, v=4, first=40, lw=4, R=3, S=3):
     `first` (red frames); `runs` (from `depthwise05_window_cuda.window_runs`) gives, per
     filter row r, the first float and the count of lw-float vectors it loads: filled, one
     colour per r, each labelled with r and its vector number, a dark bar where a vector
-    starts. Flat runs wrap from one row to the next. Returns the figure."""
+    starts. Flat runs wrap from one row to the next. Cells the next thread (outputs at
+    first + v) loads too are hatched: the overlap L1/L2 are meant to serve. Returns the
+    figure."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(min(12, 0.5 * W + 1.5), 0.5 * H + 1.6))
     colors = [["white"] * W for _ in range(H)]
@@ -750,6 +752,15 @@ def draw_window_loads(runs, H=5, W=14, v=4, first=40, lw=4, R=3, S=3):
                     if j == 0:
                         starts.append((f // W, f % W))
     _grid(ax, 0, 0, H, W, color=colors, labels=labels, fontsize=6)
+
+    def loaded(f0):
+        return {f0 + lo + k * lw + j for lo, count in runs for k in range(count)
+                for j in range(lw)}
+
+    for f in sorted(loaded(first) & loaded(first + v)):
+        if 0 <= f < H * W:
+            ax.add_patch(plt.Rectangle((f % W, f // W), 1, 1, fill=False, hatch="///",
+                                       ec="0.35", lw=0))
     for i, j in starts:
         ax.plot([j, j], [i, i + 1], color="#023047", lw=2.4)
     for o in range(v):
@@ -763,7 +774,7 @@ def draw_window_loads(runs, H=5, W=14, v=4, first=40, lw=4, R=3, S=3):
     n = sum(c for _, c in runs)
     _finish(ax, f"one thread's {v} outputs (red: flat {first}..{first + v - 1}) and the {n} "
                 f"{4 * lw}-byte vectors it loads\n(label: filter row r . vector, colour: r; "
-                f"taps outside the plane are multiplied by zero)")
+                f"hatched: the next thread loads it too; taps outside the plane count zero)")
     fig.tight_layout()
     return fig
 

@@ -149,7 +149,14 @@ def test_window_picture_covers_every_flat_tap_with_its_filter_rows_run():
             for s in range(3):
                 f = first + o + (r - 1) * W + (s - 1)  # flat tap, whatever the row
                 assert cells[divmod(f, W)] == matplotlib.colors.to_rgba(viz.CHANNEL_COLORS[r])
-    assert sum(1 for p in ax.patches if not p.get_fill()) == 4  # the outputs' frames
+    hatched = {(round(p.get_y()), round(p.get_x())) for p in ax.patches if p.get_hatch()}
+    runs = D.window_runs(W, 3, 3, 4, 4)
+    mine, next_thread = ({f0 + lo + i for lo, n in runs for i in range(4 * n)}
+                         for f0 in (first, first + 4))
+    # by hand: row runs [24, 32) [36, 48) [52, 60) against [28, 36) [40, 52) [56, 64)
+    assert hatched == {divmod(f, W) for f in mine & next_thread} and len(hatched) == 4 + 8 + 4
+    frames = [p for p in ax.patches if not p.get_fill() and not p.get_hatch()]
+    assert len(frames) == 4  # the outputs' frames
     assert "the 7 16-byte vectors" in ax.get_title()
 
 
