@@ -22,6 +22,7 @@ from . import (  # noqa: E402
     conv09_implicit_gemm_cuda,
     depthwise01_direct,
     depthwise02_smem,
+    depthwise06_window,
     filter01_naive,
     filter02_tiled,
     gemm01_tiled,
@@ -43,6 +44,7 @@ from .conv08_implicit_gemm_tuned import conv2d_implicit_gemm_tuned  # noqa: E402
 from .conv09_implicit_gemm_cuda import conv2d_implicit_gemm_cuda  # noqa: E402
 from .depthwise01_direct import conv2d_depthwise  # noqa: E402
 from .depthwise02_smem import conv2d_depthwise_smem  # noqa: E402
+from .depthwise06_window import conv2d_depthwise_window  # noqa: E402
 from .filter01_naive import filter2d_naive  # noqa: E402
 from .filter02_tiled import filter2d_tiled  # noqa: E402
 from .gemm01_tiled import gemm_tiled  # noqa: E402
@@ -94,6 +96,7 @@ MODULES = {
     "gemm_wide_loads": gemm05_wide_loads,
     "depthwise": depthwise01_direct,
     "depthwise_smem": depthwise02_smem,
+    "depthwise_window": depthwise06_window,
     "separable_cols": separable01_rows_cols,
 }
 
@@ -155,4 +158,4 @@ __all__ = ["CONV_LADDER", "FILTER_LADDER", "GEMM_LADDER", "MODULES", "Unsupporte
            "gemm_vectorized", "gemm_double_buffered", "gemm_wide_loads",
            "conv08_implicit_gemm_tuned",
            "conv09_implicit_gemm_cuda", "DEPTHWISE_LADDER", "SEPARABLE_LADDER", "conv2d_depthwise",
-           "conv2d_depthwise_smem", "filter2d_separable"]
+           "conv2d_depthwise_smem", "conv2d_depthwise_window", "filter2d_separable"]

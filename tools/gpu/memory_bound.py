@@ -1,7 +1,7 @@
 """The memory-bound kernels against the copy: the 3x3 filter on 4096^2 and both depthwise
 layers, CUDA C (filter03_cuda, depthwise03_cuda, 04_strips, 05_window) over a few tilings
-beside the best Numba kernels' defaults, PyTorch, and a device-to-device copy of the same
-bytes in the same run.
+beside the Numba kernels (the best ones' defaults, the window kernel over a few tilings),
+PyTorch, and a device-to-device copy of the same bytes in the same run.
 
     COMMIT=<tree> python3 tools/gpu/memory_bound.py   # table last; $OUT/h200_memory_bound.json
     ONLY=filter python3 tools/gpu/memory_bound.py   # some sections: filter, dw512, dw32
@@ -32,6 +32,7 @@ from convlab.kernels import (  # noqa: E402
     depthwise03_cuda,
     depthwise04_strips_cuda,
     depthwise05_window_cuda,
+    depthwise06_window,
     filter02_tiled,
     filter03_cuda,
 )
@@ -57,6 +58,8 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
                           dict(v=7, warps=4, pf=6), dict(v=7, warps=8, pf=6),
                           dict(v=8, warps=7, pf=6), dict(v=14, warps=8, pf=6),
                           dict(v=16, warps=7, pf=8), dict(v=4, warps=4, pf=6, alt=0)]}
+NUMBA_WINDOW_CONFIGS = [{}, dict(min_blocks=6), dict(threads=128), dict(v=8),
+                        dict(v=8, min_blocks=4)]  # depthwise06_window; {}: the default
 WINDOW_CONFIGS = [{}, dict(threads=128), dict(threads=512), dict(v=8), dict(v=8, threads=128),
                   dict(v=2), dict(u=2), dict(u=4), dict(stream=1), dict(u=2, stream=1),
                   dict(u=4, stream=1), dict(v=8, stream=1)]  # {}: the default
@@ -155,11 +158,15 @@ def filter_section(copy):
     # the window kernel runs the filter as a depthwise layer of one plane (N = C = 1)
     d_img4, d_out4 = d_img.reshape(1, 1, n, n), d_out.reshape(1, 1, n, n)
     d_w4 = cuda.to_device(GAUSS[None, None])
-    for c in ({}, dict(u=2), dict(v=8), dict(stream=1)):
-        t = {**depthwise05_window_cuda.DEFAULT, **c}
-        variants.append(("depthwise05_window_cuda " + " ".join(f"{k}{v}" for k, v in t.items())
-                         + " (as a filter)", lambda c=c: depthwise05_window_cuda.launch(
-                             d_img4, d_w4, d_out4, 1, 1, 1, 1, **c), t))
+    for mod, configs, tag in ((depthwise05_window_cuda, ({}, dict(u=2), dict(v=8),
+                                                         dict(stream=1)), ""),
+                              (depthwise06_window, ({}, dict(min_blocks=6)), " (Numba)")):
+        for c in configs:
+            t = {**mod.DEFAULT, **c}
+            variants.append((mod.__name__.rsplit(".", 1)[-1] + " "
+                             + " ".join(f"{k}{v}" for k, v in t.items()) + " (as a filter)"
+                             + tag, lambda c=c, m=mod: m.launch(d_img4, d_w4, d_out4, 1, 1, 1,
+                                                                1, **c), t))
     for name, fn, cfg in variants:
         poison()
         timed("filter", name, fn, read, expected, absref, nbytes, copy, config=cfg)
@@ -195,9 +202,10 @@ def depthwise_section(layer, copy, torch):
         return dys[(state[0] - 1) % nsets].copy_to_host()  # the set the last call wrote
 
     sec = layer
-    for mod, configs in ((depthwise03_cuda, DW_CONFIGS[layer]),
-                         (depthwise04_strips_cuda, STRIP_CONFIGS[layer]),
-                         (depthwise05_window_cuda, WINDOW_CONFIGS)):
+    for mod, configs, tag in ((depthwise03_cuda, DW_CONFIGS[layer], ""),
+                              (depthwise04_strips_cuda, STRIP_CONFIGS[layer], ""),
+                              (depthwise05_window_cuda, WINDOW_CONFIGS, ""),
+                              (depthwise06_window, NUMBA_WINDOW_CONFIGS, " (Numba)")):
         name = mod.__name__.rsplit(".", 1)[-1]
         for cfg in configs:
             try:  # the tiling the launcher settles on: its plan's, else its defaults and cfg
@@ -209,7 +217,7 @@ def depthwise_section(layer, copy, torch):
                 t, label = cfg, f"{name} {cfg} ({type(e).__name__})"
             for d in dys:
                 d.copy_to_device(check.poisoned(out_shape))
-            timed(sec, label + (" (default)" if not cfg else ""), rotating(
+            timed(sec, label + (" (default)" if not cfg else "") + tag, rotating(
                 lambda i, c=cfg, m=mod: m.launch(dxs[i], dwt, dys[i], 1, 1, 1, C, **c)),
                 read, expected, absref, nbytes, copy, config=t, rotating_sets=nsets)
     for d in dys:
