@@ -71,7 +71,8 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     memory_bound) TAIL=70 step memory_bound 150 env OUT="$W/res" python3 \
                     tools/gpu/memory_bound.py ;;
     memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                    tests/test_depthwise_window_cuda.py tests/test_depthwise_cuda.py \
+                    tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
+                    tests/test_depthwise_cuda.py \
                     tests/test_depthwise_strips_cuda.py tests/test_filter_cuda.py ;;
   esac
 done
