@@ -10,7 +10,8 @@
 # mma.sync / wgmma ladder of lesson 12, about 80 s), resnet50_cuda (every layer with the
 # CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s), wide_loads (the
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
-# (the filter and both depthwise layers against the copy, about 60 s), memory_tests (the
+# (the filter and both depthwise layers against the copy, up to 4 minutes with the window
+# kernels' compiles), memory_tests (the
 # GPU tests of those kernels).
 set -u
 OUT=${OUT:-/tmp/convlab_out}
@@ -68,7 +69,7 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                      implicit_gemm_cuda,im2col_cuda,im2col_fused_cuda,winograd_f2_cuda,winograd_f4_cuda ;;
     wide_loads) TAIL=30 step wide_loads 240 env OUT="$W/res" ROUNDS=2 python3 \
                   tools/gpu/sgemm_wide_loads.py 4096 ;;
-    memory_bound) TAIL=70 step memory_bound 150 env OUT="$W/res" python3 \
+    memory_bound) TAIL=70 step memory_bound 240 env OUT="$W/res" python3 \
                     tools/gpu/memory_bound.py ;;
     memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
