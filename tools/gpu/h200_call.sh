@@ -11,8 +11,7 @@
 # CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s), wide_loads (the
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
-# kernels' compiles), memory_tests (the
-# GPU tests of those kernels).
+# kernels' compiles), memory_tests (the GPU tests of those kernels).
 set -u
 OUT=${OUT:-/tmp/convlab_out}
 W=/tmp/convlab_session
