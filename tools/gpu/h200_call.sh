@@ -7,7 +7,7 @@
 # tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of
 # the speed-task solutions), notebooks (04-07, 13 on the GPU), resnet50 (every distinct
 # ResNet-50 layer at batch 32, 1, 128, for what remains of the budget), tensor_cores (the
-# mma.sync / wgmma ladder of lesson 12, about 80 s), resnet50_cuda (every layer with the
+# mma.sync / wgmma ladder of lesson 12, about 2 minutes), resnet50_cuda (every layer with the
 # CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s), wide_loads (the
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
