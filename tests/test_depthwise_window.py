@@ -25,9 +25,14 @@ from convlab import check
 convlab.setup()
 from numba import cuda  # noqa: E402
 
-from convlab.kernels import Unsupported  # noqa: E402
 from convlab.kernels import depthwise06_window as D  # noqa: E402
 
+from ._depthwise import (  # noqa: E402
+    GPU_SHAPES,
+    SAME_PADDING_REFUSALS,
+    assert_launcher_on_gpu,
+    assert_refused,
+)
 from ._emulate import assert_close_to_reference  # noqa: E402
 
 
@@ -52,24 +57,12 @@ def test_launcher_matches_float64(shape, R, S, tiling, built):
     assert {k: t[k] for k in built} == built
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(stride=2), "stride 1"),
-    (dict(padding=0), "same"),
-    (dict(w=np.ones((3, 1, 7, 7), np.float32), padding=3), "up to 5"),
+@pytest.mark.parametrize("kw, match", SAME_PADDING_REFUSALS + [
     (dict(v=16), "bad tiling"),
     (dict(threads=48), "bad tiling"),
     (dict(threads=1024, min_blocks=4), "bad tiling")])
 def test_refusals(kw, match):
-    args = dict(x=np.zeros((1, 3, 8, 8), np.float32), w=np.ones((3, 1, 3, 3), np.float32),
-                out=np.zeros((1, 3, 8, 8), np.float32), stride=1, padding=1)
-    tiling = {k: kw.pop(k) for k in ("v", "threads", "min_blocks") if k in kw}
-    args.update(kw)
-    if args["stride"] == 2:
-        args["out"] = np.zeros((1, 3, 4, 4), np.float32)
-    if args["padding"] == 0:
-        args["out"] = np.zeros((1, 3, 6, 6), np.float32)
-    with pytest.raises(Unsupported, match=match):
-        D.launch(args["x"], args["w"], args["out"], args["stride"], args["padding"], **tiling)
+    assert_refused(D.launch, kw, match)
 
 
 PTX = """
@@ -104,13 +97,7 @@ def test_ptx_loads_the_window_in_vectors_and_keeps_it_in_registers():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(32, 512, 14, 14), (2, 32, 112, 112), (3, 5, 13, 15),
-                                   (2, 6, 7, 10)])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_launcher_on_gpu(shape):
-    rng = np.random.default_rng(shape[3])
-    x = check.random_array(shape, rng)
-    w = check.random_array((shape[1], 1, 3, 3), rng)
-    for cfg in ({}, dict(v=8, threads=128), dict(v=2), dict(min_blocks=6)):
-        out = cuda.to_device(check.poisoned(shape))
-        D.launch(cuda.to_device(x), cuda.to_device(w), out, 1, 1, **cfg)
-        assert_close_to_reference(out.copy_to_host(), x, w, padding=1, groups=shape[1])
+    assert_launcher_on_gpu(D.launch, shape,
+                           ({}, dict(v=8, threads=128), dict(v=2), dict(min_blocks=6)))

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from convlab import check
-from convlab.kernels import Unsupported
 from convlab.kernels import depthwise05_window_cuda as D
 
+from ._depthwise import GPU_SHAPES, SAME_PADDING_REFUSALS, assert_launcher_on_gpu, assert_refused
 from ._emulate import assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available
 
@@ -121,37 +121,17 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
     assert ptx.count(".v4.f32") - ptx.count("st.global.v4.f32") == 2 * vectors  # u = 2
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(stride=2), "stride 1"),
-    (dict(padding=0), "same"),
-    (dict(w=np.ones((3, 1, 7, 7), np.float32), padding=3), "up to 5"),
+@pytest.mark.parametrize("kw, match", SAME_PADDING_REFUSALS + [
     (dict(v=16), "bad tiling"),
     (dict(u=5), "bad tiling"),
     (dict(threads=48), "bad tiling")])
 def test_refusals_before_cupy(kw, match):
-    args = dict(x=np.zeros((1, 3, 8, 8), np.float32), w=np.ones((3, 1, 3, 3), np.float32),
-                out=np.zeros((1, 3, 8, 8), np.float32), stride=1, padding=1)
-    tiling = {k: kw.pop(k) for k in ("v", "u", "threads") if k in kw}
-    args.update(kw)
-    if args["stride"] == 2:
-        args["out"] = np.zeros((1, 3, 4, 4), np.float32)
-    if args["padding"] == 0:
-        args["out"] = np.zeros((1, 3, 6, 6), np.float32)
-    with pytest.raises(Unsupported, match=match):
-        D.launch(args["x"], args["w"], args["out"], args["stride"], args["padding"], **tiling)
+    assert_refused(D.launch, kw, match)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(32, 512, 14, 14), (2, 32, 112, 112), (3, 5, 13, 15),
-                                   (2, 6, 7, 10)])
+@pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_launcher_on_gpu(shape):
-    from numba import cuda
-
-    rng = np.random.default_rng(shape[3])
-    x = check.random_array(shape, rng)
-    w = check.random_array((shape[1], 1, 3, 3), rng)
-    for cfg in ({}, dict(v=8, threads=128), dict(v=2, stream=1), dict(v=1, threads=64),
-                dict(u=2), dict(u=4, stream=1)):
-        out = cuda.to_device(check.poisoned(shape))
-        D.launch(cuda.to_device(x), cuda.to_device(w), out, 1, 1, **cfg)
-        assert_close_to_reference(out.copy_to_host(), x, w, padding=1, groups=shape[1])
+    assert_launcher_on_gpu(D.launch, shape,
+                           ({}, dict(v=8, threads=128), dict(v=2, stream=1),
+                            dict(v=1, threads=64), dict(u=2), dict(u=4, stream=1)))
