@@ -110,6 +110,24 @@ def test_speed_tasks_name_real_rungs():
         assert st.rung in getattr(K, st.ladder), st
 
 
+def test_each_exercise_notebook_says_which_of_its_tasks_are_timed_and_for_how_much():
+    by_lesson: dict = {}
+    for tid in speed.SPEED_TASKS:
+        by_lesson.setdefault(tid.split(".")[0], []).append(tid)
+    for lesson, tasks in by_lesson.items():
+        (path,) = (ROOT / "exercises").glob(f"{lesson}_*.ipynb")
+        text = " ".join(" ".join("".join(c["source"]).split())
+                        for c in json.loads(path.read_text())["cells"]
+                        if c["cell_type"] == "markdown")
+        said = re.search(r"Graded on a GPU .*?tasks (.*?) are also timed .*?up to (\d+) more "
+                         r"points each, in tiers at ([0-9.,and ]+?) of a par speed", text)
+        assert said, f"{path.name} does not say which of its tasks are timed"
+        assert sorted(re.findall(r"`(\d\d\.\w+)`", said.group(1))) == sorted(tasks)
+        assert int(said.group(2)) == speed.SPEED_POINTS
+        assert (sorted(float(v) for v in re.findall(r"\d+(?:\.\d+)?", said.group(3)))
+                == sorted(t for t, _, _ in speed.TIERS))
+
+
 # ----------------------------------------------------------------------------------------
 # Tiers and the verdict
 
