@@ -13,6 +13,9 @@
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
 # kernels' compiles), memory_tests (the GPU tests of those kernels).
 set -u
+# the commit every stored result names: the caller's (the machine's git copy can be stale)
+: "${COMMIT:?set COMMIT to the commit of the tree this call runs (git rev-parse --short HEAD)}"
+export COMMIT
 OUT=${OUT:-/tmp/convlab_out}
 W=/tmp/convlab_session
 mkdir -p "$OUT" "$W/res" "$W/logs"

@@ -36,6 +36,7 @@ from convlab.kernels import (  # noqa: E402
     filter02_tiled,
     filter03_cuda,
 )
+from convlab.measure import harness  # noqa: E402
 
 GAUSS = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16
 FILTER_CONFIGS = [filter03_cuda.DEFAULT, *(dict(v=v, warps=w, pf=pf, minb=mb, alt=alt)
@@ -71,8 +72,10 @@ T0 = time.time()
 TABLE = []
 
 
-def queued_ms(fn) -> float:
-    return bench.time_gpu_queued(fn, calls=20, repeat=7).median_ms
+def queued(fn):
+    """(median GPU time in us, spread: (p90 - p10) / median) of queued launches."""
+    t = bench.time_gpu_queued(fn, calls=20, repeat=7)
+    return t.median_ms * 1e3, t.spread
 
 
 def shifted_sum(x64, w64, stride, pad):
@@ -100,10 +103,11 @@ def _small_reference_agrees():
                                                                  groups=3))
 
 
-def row(section, name, us, nbytes, copy, ok, **extra):
+def row(section, name, timing, nbytes, copy, ok, **extra):
+    us, spread = timing
     gbps = nbytes / (us * 1e-6) / 1e9
-    r = dict(section=section, name=name, us=us, gbps=gbps, pct_copy=100 * gbps / copy, ok=ok,
-             **extra)
+    r = dict(section=section, name=name, us=us, spread=spread, gbps=gbps,
+             pct_copy=100 * gbps / copy, ok=ok, **extra)
     TABLE.append(r)
     print(f"  {section:6s} {name:34s} {us:8.1f} us {gbps:6.0f} GB/s {r['pct_copy']:5.1f}%",
           flush=True)
@@ -118,7 +122,7 @@ def timed(section, name, fn, read, expected, absref, nbytes, copy, **extra):
         comp = check.compare(read(), expected, absref, 9)
         if not comp.ok:
             raise check.CheckError(comp.summary())
-        return row(section, name, queued_ms(fn) * 1e3, nbytes, copy, True,
+        return row(section, name, queued(fn), nbytes, copy, True,
                    max_rel_err=comp.max_rel, **extra)
     except Exception as e:  # noqa: BLE001  (a variant that fails is data)
         TABLE.append(dict(section=section, name=name, ok=False, error=f"{type(e).__name__}: "
@@ -171,7 +175,7 @@ def filter_section(copy):
         poison()
         timed("filter", name, fn, read, expected, absref, nbytes, copy, config=cfg)
     d_copy = cuda.device_array((n, n), np.float32)
-    row("filter", "copy same bytes (D2D)", queued_ms(lambda: d_copy.copy_to_device(d_img)) * 1e3,
+    row("filter", "copy same bytes (D2D)", queued(lambda: d_copy.copy_to_device(d_img)),
         nbytes, copy, True)
 
 
@@ -233,15 +237,16 @@ def depthwise_section(layer, copy, torch):
         def read_t():
             return hold["y"].cpu().numpy()
 
+        kernels = baselines.library_kernels(lambda: F.conv2d(txs[0], tw, padding=1, groups=C))
         timed(sec, "PyTorch conv2d (groups=C)", rotating(lambda i: hold.__setitem__(
             "y", F.conv2d(txs[i], tw, padding=1, groups=C))), read_t, expected, absref, nbytes,
-            copy, rotating_sets=nsets)
+            copy, rotating_sets=nsets, library_kernels=kernels)
         del txs
     M = min(nbytes // 8, x.size)
     srcs = [d.reshape(d.size)[:M] for d in dxs]
     dcs = [cuda.device_array(M, np.float32) for _ in range(nsets)]
-    row(sec, "copy same bytes (D2D)", queued_ms(rotating(lambda i: dcs[i].copy_to_device(
-        srcs[i]))) * 1e3, 8 * M, copy, True, rotating_sets=nsets)
+    row(sec, "copy same bytes (D2D)", queued(rotating(lambda i: dcs[i].copy_to_device(
+        srcs[i]))), 8 * M, copy, True, rotating_sets=nsets)
 
 
 def main():
@@ -261,7 +266,7 @@ def main():
     name = getattr(cuda.get_current_device(), "name", "unknown")
     env = ladder.environment()
     res = dict(environment=env,
-               run=dict(date=env["date"], commit=os.environ.get("COMMIT", "?"),
+               run=dict(date=env["date"], commit=harness.commit() or "unknown",
                         command="python3 tools/gpu/memory_bound.py",
                         clock="cuda events (queued launches, median)"),
                about=ABOUT, copy_gbps=copy,

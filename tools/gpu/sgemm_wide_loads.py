@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 from convlab import check, ladder  # noqa: E402
 from convlab.kernels import GEMM_LADDER  # noqa: E402
 from convlab.kernels import gemm05_wide_loads as W  # noqa: E402
+from convlab.measure import harness  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sgemm_profile import tile_spec  # noqa: E402  (BMxBNxBK[/TMxTN][:min_blocks])
@@ -63,7 +64,7 @@ def main() -> int:
         except Exception:  # noqa: BLE001  (CUDA C rungs, or not compiled)
             pass
     result = dict(environment=ladder.environment(),
-                  run=dict(commit=os.environ.get("COMMIT", "?"), command="python3 "
+                  run=dict(commit=harness.commit() or "unknown", command="python3 "
                            "tools/gpu/sgemm_wide_loads.py " + str(n),
                            clock="cuda events (queued launches, median)"),
                   about="The Numba GEMM ladder and gemm05_wide_loads over tiles beside cuBLAS "
