@@ -56,7 +56,8 @@ The model
   at many channels) neither. Measured on an H200 (results/trace_h200_2026-11-29.txt):
   1-channel 4096 x 4096 3x3 filter, naive / coalesced 7.0x raw, 1.77x distinct sectors
   per block, 1.38x in time; 128-channel 28 x 28 layer: 6.8x raw, 1.95x per block, 1.02x
-  in time. tools/gpu/trace_vs_measured.py repeats it on several memory-bound shapes.
+  in time; convlab/results/h200_trace_vs_measured.json holds a run on several
+  memory-bound shapes (lesson 05 reads it).
 - **Races.** Two different threads of a block touching the same shared address in the
   same barrier interval (between the same two ``cuda.syncthreads()``), at least one
   writing, is a hazard: RAW / WAR / WAW by each thread's program order. Atomics do not
