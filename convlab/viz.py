@@ -1214,6 +1214,43 @@ def draw_vector_reads(per_thread=8):
     return fig
 
 
+def chunk_owners(BM=8, BK=8, threads=8) -> dict:
+    """gemm05's A slab: (row m, first k of a 4-float chunk) -> the thread that loads it.
+    Thread t takes chunk t % (BK / 4) of rows t // (BK / 4), + threads / (BK / 4), ...
+    (`gemm05_wide_loads`: row_a = t >> LCA, k_a = (t & (CA - 1)) << 2, rows RA apart)."""
+    ca = BK // 4
+    ra = threads // ca
+    return {(t // ca + ld * ra, (t % ca) * 4): t
+            for t in range(threads) for ld in range(BM * ca // threads)}
+
+
+def draw_chunk_loads(BM=8, BK=8, threads=8):
+    """gemm05's 16-byte loads of one A slab (BM rows x BK k's, a cell a float): left, the
+    slab as it lies in global memory, each 4-float chunk framed (one ``ld.global.v4.f32``)
+    and coloured by the thread that loads it; right, shared memory's ``As[k][m]``, where
+    the thread stores the same four floats as a column (transposed, so that the compute
+    loop reads a thread's m values along a row). Returns the figure."""
+    plt = _plt()
+    owner = chunk_owners(BM, BK, threads)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(min(12, 0.45 * (BK + BM) + 3),
+                                                     0.45 * max(BM, BK) + 2.2))
+    for (m, k0), t in owner.items():
+        col = WARP_COLORS[t % len(WARP_COLORS)]
+        for j in range(4):
+            left.add_patch(plt.Rectangle((k0 + j, m), 1, 1, fc=col, ec="0.6", lw=0.3))
+            right.add_patch(plt.Rectangle((m, k0 + j), 1, 1, fc=col, ec="0.6", lw=0.3))
+        left.text(k0 + 0.5, m + 0.5, f"t{t}", ha="center", va="center", fontsize=6)
+        right.text(m + 0.5, k0 + 0.5, f"t{t}", ha="center", va="center", fontsize=6)
+        _frame(left, k0, m, 1, 4, color="#023047", lw=1.6)
+        _frame(right, m, k0, 4, 1, color="#023047", lw=1.6)
+    _finish(left, f"A's slab in global memory ({BM} rows m x {BK} k's): one 16-byte load\n"
+                  f"per framed chunk of 4 floats along k, {len(owner) // threads} per thread")
+    _finish(right, "As[k][m] in shared memory: each chunk stored as a column\n"
+                   "(four 4-byte stores), so a thread's m values lie along a row")
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------------------
 # Precisions and tensor cores (lesson 12), the capstone's charts (lesson 13)
 

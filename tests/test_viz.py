@@ -164,6 +164,26 @@ def test_window_picture_covers_every_flat_tap_with_its_filter_rows_run():
 # Lessons 07-09's pictures and their counts
 
 
+def test_chunk_loads_picture_loads_every_float_once_and_stores_it_transposed():
+    BM, BK, threads = 8, 8, 8
+    owners = viz.chunk_owners(BM, BK, threads)
+    floats = [(m, k0 + j) for (m, k0) in owners for j in range(4)]
+    assert sorted(floats) == [(m, k) for m in range(BM) for k in range(BK)]  # once each
+    assert sorted(list(owners.values()).count(t) for t in range(threads)) == [2] * threads
+    fig = viz.draw_chunk_loads(BM, BK, threads)
+    left, right = fig.axes
+
+    def cells(ax):
+        return {(round(p.get_x()), round(p.get_y())): p.get_facecolor() for p in ax.patches
+                if p.get_fill()}
+
+    g, s = cells(left), cells(right)  # global: (k, m) -> colour; shared: (m, k) -> colour
+    assert len(g) == len(s) == BM * BK
+    assert all(g[k, m] == s[m, k] for (k, m) in g)  # As[k][m] holds A[m][k]
+    frames = [p for p in left.patches if not p.get_fill()]
+    assert len(frames) == BM * BK // 4 and all(round(p.get_width()) == 4 for p in frames)
+
+
 def test_register_block_counts_loads_and_refuses_bad_threads():
     fig = viz.draw_register_block(BM=16, BN=16, BK=4, TM=4, TN=4, thread=(1, 2))
     assert "4 + 4 = 8 loads, 16 FMAs: 2.0 FMAs per load" in _texts(fig)
