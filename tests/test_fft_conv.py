@@ -31,7 +31,15 @@ def test_filter2d_fft_and_sizes():
     assert np.abs(got - ref.filter2d(img.astype(np.float64), k.astype(np.float64))).max() < 1e-10
     Fh, Fw = fft_conv.fft_size(97, 61, 4)
     assert Fh >= 105 and Fw >= 69
-    assert fft_conv.fft_flops((1, 1, 64, 64), 3) == fft_conv.fft_flops((1, 1, 64, 64), 3)
+    # the docstring's model by hand: 64 + 2 pads to 66, a fast size rounds it up to 72;
+    # three real FFTs (x, w, y) of 72 x 72 and 72 x 37 complex multiply-adds
+    F = 72 * 72
+    assert fft_conv.fft_flops((1, 1, 64, 64), 3) == pytest.approx(
+        3 * 2.5 * F * np.log2(F) + 8 * 72 * 37)
+    # the cost does not grow with the filter at a fixed padded size, and grows with filters
+    assert fft_conv.fft_flops((1, 1, 64, 64), 3, padding=4) == fft_conv.fft_flops(
+        (1, 1, 64, 64), 9, padding=4)
+    assert fft_conv.fft_flops((1, 1, 64, 64), 3, K=2) > fft_conv.fft_flops((1, 1, 64, 64), 3)
     assert fft_conv.direct_flops((1, 1, 64, 64), 9) == 2 * 64 * 64 * 81
 
 

@@ -229,7 +229,12 @@ def test_stream_k_shares_cover_the_tail_once():
         begin = [s * sk_tiles * kt // sk_blocks for s in range(sk_blocks + 1)]
         sizes = np.diff(begin)
         assert begin[-1] == sk_tiles * kt and sizes.min() >= 1 and sizes.max() <= kt
-        assert M2.work_floats(top, sk_blocks) == M2.SK_FLAGS + sk_blocks * top.BM * top.BN
+        # room for the flags and one fp32 BM x BN partial tile per sharing block, each
+        # further block one tile more
+        assert M2.work_floats(top, sk_blocks) >= M2.SK_FLAGS + sk_blocks * top.BM * top.BN
+        assert (M2.work_floats(top, sk_blocks + 1) - M2.work_floats(top, sk_blocks)
+                == top.BM * top.BN)
+    assert M2.work_floats(top, 0) == 0  # no stream-K, no workspace
     assert f"#define SK_FLAGS {M2.SK_FLAGS}" in M2.source()
 
 
