@@ -252,9 +252,11 @@ class _DeviceArray:
         self.__cuda_array_interface__ = {"data": (address, False)}
 
 
-def test_planned_conv_plans_once_per_shape_arguments_tiling_and_alignment():
+def test_planned_conv_plans_once_per_shape_arguments_tiling_and_alignment(monkeypatch):
+    from convlab import runtime
     from convlab.kernels._launch import planned_conv
 
+    monkeypatch.setattr(runtime, "is_simulator", lambda: False)  # a GPU: alignment counts
     calls = []
 
     def plan(x, w, out, stride, padding, **cfg):
@@ -272,3 +274,24 @@ def test_planned_conv_plans_once_per_shape_arguments_tiling_and_alignment():
     planned_conv(cache, plan, x, w, y, (1, [1, 1]), dict(v=4))     # unhashable: planned, not kept
     planned_conv(cache, plan, x, w, y, (1, [1, 1]), dict(v=4))
     assert len(calls) == 6 and len(cache) == 4
+
+
+def test_planned_conv_under_the_simulator_keeps_plans_of_arrays_without_addresses(monkeypatch):
+    from convlab import runtime
+    from convlab.kernels._launch import planned_conv
+
+    class _SimArray:  # the simulator's arrays have a shape and a dtype, no device address
+        def __init__(self, shape):
+            self.shape, self.dtype = shape, np.dtype(np.float32)
+
+    monkeypatch.setattr(runtime, "is_simulator", lambda: True)
+    cache, calls = {}, []
+
+    def plan(x, w, out, stride, padding):
+        calls.append((x.shape, stride, padding))
+        return object()
+
+    x, w, y = (_SimArray(s) for s in ((2, 3, 8, 8), (3, 1, 3, 3), (2, 3, 8, 8)))
+    first = planned_conv(cache, plan, x, w, y, (1, 1), {})
+    assert planned_conv(cache, plan, x, w, y, (1, 1), {}) is first
+    assert len(calls) == 1 and len(cache) == 1

@@ -147,11 +147,15 @@ def launcher(fn):
 
 def planned_conv(cache: dict, plan, x, w, out, args: tuple, cfg: dict):
     """``plan(x, w, out, *args, **cfg)``, kept in `cache` per the arrays' shapes and dtypes,
-    args, cfg and the 16-byte alignment of x and out (the vector paths depend on it); an
+    args, cfg and the 16-byte alignment of x and out (the vector paths depend on it; the
+    simulator's arrays have no address, and its vector paths need no alignment); an
     argument the key cannot hold (checked by plan) plans afresh."""
+    from ..runtime import is_simulator
+
     try:
+        aligned = None if is_simulator() else (device_pointer(x) % 16, device_pointer(out) % 16)
         key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype), args,
-               tuple(sorted(cfg.items())), device_pointer(x) % 16, device_pointer(out) % 16)
+               tuple(sorted(cfg.items())), aligned)
         run = cache.get(key)
     except (AttributeError, TypeError, KeyError):
         key = run = None

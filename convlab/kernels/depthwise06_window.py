@@ -26,7 +26,7 @@ from numba import cuda, float32, int32, types
 
 from ..runtime import is_simulator
 from ._blocking import flat, jit_options, unroll, unrolled
-from ._launch import Unsupported, ceil_div, configured, device_pointer, launcher, remember
+from ._launch import Unsupported, ceil_div, configured, device_pointer, launcher, planned_conv
 from .depthwise01_direct import same_padding_params
 from .depthwise05_window_cuda import MAX_SIZE, outputs_per_thread, window_runs
 from .gemm05_wide_loads import load4
@@ -187,18 +187,8 @@ def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"]
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, stream=0, **tiling):
     """Run the kernel with an explicit tiling (v, threads, min_blocks); the plan is kept per
     shapes, arguments, alignment and tiling."""
-    cfg = {**DEFAULT, **tiling}
-    try:
-        key = (x.shape, w.shape, out.shape, str(x.dtype), str(w.dtype), str(out.dtype),
-               stride, padding, dilation, groups, stream, tuple(sorted(cfg.items())),
-               None if SIM else (device_pointer(x) % 16, device_pointer(out) % 16))
-        run = _PLANS.get(key)
-    except (AttributeError, TypeError, KeyError):  # checked by plan
-        key = run = None
-    if run is None:
-        run = remember(_PLANS, key, plan(x, w, out, stride, padding, dilation, groups,
-                                         stream=stream, **cfg))
-    kernel, total, _ = run
+    kernel, total, _ = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
+                                    {**DEFAULT, **tiling, "stream": stream})
     kernel(flat(x), flat(w), flat(out), total)
     return out
 
