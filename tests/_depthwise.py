@@ -1,6 +1,6 @@
-"""Cases shared by the tests of the stride-1 "same"-padding depthwise kernels (the window
-kernels in CUDA C and in Numba): launches they must refuse, and the GPU check of a launcher
-over tilings."""
+"""Cases shared by the tests of the stride-1 "same"-padding depthwise kernels (the strips
+and the window kernels): launches they must refuse, and the GPU check of a launcher over
+tilings."""
 
 from __future__ import annotations
 

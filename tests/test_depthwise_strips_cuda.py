@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from convlab import check
-from convlab.kernels import Unsupported
 from convlab.kernels import depthwise04_strips_cuda as D
 
+from ._depthwise import assert_refused
 from ._emulate import SHUFFLE, assert_close_to_reference, build_cpu_library
 from ._nvrtc import nvrtc_available
 
@@ -84,18 +84,7 @@ def test_ptx_uses_vector_loads_and_reads_the_taps():
     (dict(x=np.zeros((1, 70000, 4, 4), np.float32), w=np.ones((70000, 1, 3, 3), np.float32),
           out=np.zeros((1, 70000, 4, 4), np.float32)), "planes")])
 def test_refusals_before_cupy(kw, match):
-    args = dict(x=np.zeros((1, 3, 8, 8), np.float32), w=np.ones((3, 1, 3, 3), np.float32),
-                out=np.zeros((1, 3, 8, 8), np.float32), stride=1, padding=1)
-    args.update(kw)
-    if args["stride"] == 2:
-        args["out"] = np.zeros((1, 3, 4, 4), np.float32)
-    if args["padding"] == 0:
-        args["out"] = np.zeros((1, 3, 6, 6), np.float32)
-    if args["padding"] == 5:
-        args["out"] = np.zeros((1, 3, 8, 8), np.float32)
-    with pytest.raises(Unsupported, match=match):
-        D.depthwise_strips_cuda(args["x"], args["w"], args["out"], args["stride"],
-                                args["padding"])
+    assert_refused(D.depthwise_strips_cuda, kw, match)
 
 
 @pytest.mark.gpu
