@@ -71,6 +71,18 @@ def test_gemm_refusals(name):
                                                                               np.float32)))
 
 
+@pytest.mark.parametrize("name", list(GEMM_LADDER))
+def test_gemm_empty_products(name):
+    """K = 0 gives zeros (the output is NaN-poisoned first); M = 0 or N = 0 launch nothing
+    (a grid of zero blocks is an error on a GPU)."""
+    c, fn = cuda(), GEMM_LADDER[name]
+    for M, N, K in ((5, 6, 0), (8, 12, 0), (0, 6, 4), (5, 0, 4), (0, 0, 0)):
+        out = c.to_device(np.full((M, N), np.nan, np.float32))
+        fn(c.to_device(np.ones((M, K), np.float32)), c.to_device(np.ones((K, N), np.float32)),
+           out)
+        assert np.array_equal(out.copy_to_host(), np.zeros((M, N), np.float32)), (M, N, K)
+
+
 def _gemm_error(fn, M, N, K, seed):
     """Max |out - A@B| / (|A|@|B|) of one call, out poisoned with NaN first; and whether the
     16-byte build ran."""

@@ -68,6 +68,17 @@ def gemm_launch_params(name: str, a, b, out) -> tuple[int, int, int]:
     return int(M), int(N), int(K)
 
 
+def nothing_to_launch(out, M: int, N: int, K: int) -> bool:
+    """True for an empty product, with `out` then holding its answer.
+
+    A grid of zero blocks is a launch error, and a kernel's first slab would read past an
+    empty operand: with K = 0 the product is an (M, N) matrix of zeros, which this writes.
+    """
+    if M and N and not K:
+        out.copy_to_device(np.zeros((M, N), np.float32))
+    return not (M and N and K)
+
+
 def gemm_grid(M: int, N: int, BM: int, BN: int) -> tuple[int, int]:
     """Blocks along N (x) and M (y); y is capped at 65535 by CUDA."""
     gy = ceil_div(M, BM)

@@ -15,9 +15,11 @@ large tiles leaves most SMs idle. Here:
 - small tiles: 64x64, 32x64 or 32x32 outputs per block of 64 threads (8 x 8 threads, 8x8
   or 4x4 outputs each, as 4x4 sub-blocks so shared reads are 128-bit), 16-deep slabs, the
   next slab's global loads held in registers while this one is multiplied (two shared
-  buffers, one barrier per slab). Loads are coalesced scalars (Numba has no float4 global
-  loads): 16 threads read 16 neighbouring filter values of one row, 32 threads 32
-  neighbouring pixels; the A slab is stored transposed with 4 floats of padding per row.
+  buffers, one barrier per slab). Loads are coalesced scalars (a column of B gathered
+  from x starts wherever padding and stride put it, so it is no aligned 16-byte run in
+  general, and gemm05's `load4` is not used): 16 threads read 16 neighbouring filter
+  values of one row, 32 threads 32 neighbouring pixels; the A slab is stored transposed
+  with 4 floats of padding per row.
   The block's outputs go through shared memory so that a warp stores 32 neighbouring
   pixels of one filter (one full 128-byte line where a row of the image allows);
 - a split-K inside the same launch for grids with too few tiles: part z of a tile

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._blocking import gemm_launch_params
+from ._blocking import gemm_launch_params, nothing_to_launch
 from ._launch import Unsupported, ceil_div, launcher
 
 T = 32  # tile side (threads per block: T*T); 16 and 32 are built, see make_kernel
@@ -82,6 +82,8 @@ def launch(a, b, out, tile: int = T):
     M, N, K = _check("gemm_tiled", a, b, out)
     if tile not in (8, 16, 32):
         raise Unsupported(f"gemm_tiled: tile {tile} (8, 16 or 32)")
+    if nothing_to_launch(out, M, N, K):
+        return out
     k = make_kernel(tile)
     k[(ceil_div(N, tile), ceil_div(M, tile)), (tile, tile)](
         a.reshape(M * K), b.reshape(K * N), out.reshape(M * N), np.int32(M), np.int32(N),

@@ -18,7 +18,14 @@ module's kernel is the 128x128x8 / 8x8 one.
 
 from numba import cuda, float32
 
-from ._blocking import GEMM_SIGNATURE, SMEM_ALIGN, gemm_grid, gemm_launch_params, jit_options
+from ._blocking import (
+    GEMM_SIGNATURE,
+    SMEM_ALIGN,
+    gemm_grid,
+    gemm_launch_params,
+    jit_options,
+    nothing_to_launch,
+)
 from ._blocking import log2 as _log2
 from ._launch import launcher
 
@@ -101,6 +108,8 @@ def make_launcher(kernel):
     def gemm_vectorized(a, b, out):
         """out = a @ b (device arrays, float32), 128-bit shared-memory reads."""
         M, N, K = gemm_launch_params("gemm_vectorized", a, b, out)
+        if nothing_to_launch(out, M, N, K):
+            return out
         kernel[gemm_grid(M, N, t["BM"], t["BN"]), t["threads"]](a, b, out, M, N, K)
         return out
 

@@ -35,6 +35,7 @@ from ._blocking import (
     gemm_grid,
     gemm_launch_params,
     jit_options,
+    nothing_to_launch,
     unroll,
     unrolled,
 )
@@ -276,6 +277,8 @@ def make_launcher(wide_kernel, narrow_kernel, name="gemm_wide_loads"):
         if max(M * K, K * N) >= 2**32:
             raise Unsupported(f"{name}: 32-bit load offsets: a and b must each have fewer "
                               f"than 2^32 elements (a is {M}x{K}, b is {K}x{N})")
+        if nothing_to_launch(out, M, N, K):
+            return out
         kernel = wide_kernel if takes_wide_loads(a, b) else narrow_kernel
         grid = gemm_grid(M, N, t["BM"], t["BN"])
         kernel[grid, t["threads"]](flat(a), flat(b), flat(out), M, N, K)
