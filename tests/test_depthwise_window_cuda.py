@@ -29,7 +29,7 @@ from ._nvrtc import nvrtc_available
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-# (x shape, R, S, v, lw, threads, stream, u)
+# (x shape, R, S, v, lw, threads, cs_stores, u)
 CASES = [
     ((2, 3, 14, 14), 3, 3, 4, 4, 32, 0, 1),  # runs of 4 cross rows of 14; last block part-empty
     ((1, 3, 8, 12), 3, 3, 8, 4, 64, 1, 1),   # two 16-byte streaming stores per thread
@@ -50,8 +50,8 @@ def _library() -> ctypes.CDLL:
              "  g_ldg_ranges[1][0] = (const char*)w;",
              "  g_ldg_ranges[1][1] = (const char*)(w + taps);",
              "  g_ldg_nranges = 2; g_ldg_outside = 0;"]
-    for i, (shape, R, S, v, lw, threads, stream, u) in enumerate(CASES):
-        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads, stream, u)
+    for i, (shape, R, S, v, lw, threads, cs_stores, u) in enumerate(CASES):
+        name = D.kernel_name(shape[2], shape[3], R, S, v, lw, threads, cs_stores, u)
         lines.append(f"  if (which == {i}) run_grid(blocks, 1, 1, {threads}, [=] {{ "
                      f"{name}(x, w, y, total, C); }});")
     lines += ["  g_ldg_nranges = 0;", "  return g_ldg_outside;", "}"]
@@ -107,9 +107,9 @@ def test_ptx_loads_the_window_once_in_16_byte_vectors(H, W, vectors):
     for v, lw in ((8, 4), (2, 2), (1, 1)):
         assert sum(n for _, n in D.window_runs(W, 3, 3, v, lw)) == _vectors_per_thread(
             W, 3, 3, v, lw)
-    for stream, store in ((0, "st.global.v4.f32"), (1, "st.global.cs.v4.f32")):
+    for cs_stores, store in ((0, "st.global.v4.f32"), (1, "st.global.cs.v4.f32")):
         ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu",
-                        [D.kernel_name(H, W, 3, 3, 4, 4, 256, stream)], "compute_80")
+                        [D.kernel_name(H, W, 3, 3, 4, 4, 256, cs_stores)], "compute_80")
         lines = [ln.strip() for ln in ptx.splitlines()]
         loads = [ln for ln in lines if ln.startswith("ld.global")]
         assert sum(".v4.f32" in ln for ln in loads) == vectors
@@ -133,5 +133,5 @@ def test_refusals_before_cupy(kw, match):
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_launcher_on_gpu(shape):
     assert_launcher_on_gpu(D.launch, shape,
-                           ({}, dict(v=8, threads=128), dict(v=2, stream=1),
-                            dict(v=1, threads=64), dict(u=2), dict(u=4, stream=1)))
+                           ({}, dict(v=8, threads=128), dict(v=2, cs_stores=1),
+                            dict(v=1, threads=64), dict(u=2), dict(u=4, cs_stores=1)))

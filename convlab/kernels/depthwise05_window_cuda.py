@@ -15,7 +15,7 @@ Stride 1, "same" padding, odd filters up to 5 x 5; V outputs of one plane per th
 u runs of V outputs per thread, a grid apart, their loads written before any FMA (more
 bytes in flight per thread, as the fastest copies of these bytes in
 ``tools/gpu/copy_ceiling.py``; ptxas still schedules some of them among the FMAs);
-plain or streaming stores (``stream=1``: ``st.global.cs``).
+plain or streaming stores (``cs_stores=1``: ``st.global.cs``).
 
 Launcher signature (device arrays, float32; w is (C, 1, R, S), groups = C)::
 
@@ -37,12 +37,12 @@ NAME = "depthwise_window_cuda"
 MAX_SIZE = 5  # largest R and S: the window's registers grow with both
 MAX_V = 8
 MAX_U = 4
-DEFAULT = dict(v=4, u=1, threads=256, stream=0)
+DEFAULT = dict(v=4, u=1, threads=256, cs_stores=0)
 
 
-def kernel_name(H, W, R, S, v, lw, threads, stream=0, u=1) -> str:
+def kernel_name(H, W, R, S, v, lw, threads, cs_stores=0, u=1) -> str:
     return (f"depthwise_window<{H}, {W}, {R}, {S}, {v}, {u}, {lw}, {threads}, "
-            f"{'true' if stream else 'false'}>")
+            f"{'true' if cs_stores else 'false'}>")
 
 
 def outputs_per_thread(H: int, W: int, v: int) -> int:
@@ -85,11 +85,11 @@ def _kernel(name: str):
 
 
 def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"],
-         u=DEFAULT["u"], threads=DEFAULT["threads"], stream=DEFAULT["stream"]) -> tuple:
+         u=DEFAULT["u"], threads=DEFAULT["threads"], cs_stores=DEFAULT["cs_stores"]) -> tuple:
     """Check a launch: (kernel, grid, block, int32 total, int32 C, tiling).
 
     v: outputs per run (fewer where they would leave the plane); u: runs per thread, a
-    grid apart; stream: streaming stores (``st.global.cs``)."""
+    grid apart; cs_stores: streaming stores (``st.global.cs``)."""
     p = same_padding_params(NAME, x, w, out, stride, padding, dilation, groups, MAX_SIZE)
     if not (1 <= int(v) <= MAX_V and 1 <= int(u) <= MAX_U and threads % 32 == 0
             and 32 <= threads <= 1024):
@@ -101,16 +101,16 @@ def plan(x, w, out, stride=1, padding=1, dilation=1, groups=None, v=DEFAULT["v"]
     blocks = ceil_div(ceil_div(total, v), int(u) * threads)
     if blocks * threads * int(u) * v >= 2**31:
         raise Unsupported(f"{NAME}: {total} elements; the grid's runs pass 32-bit indices")
-    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, stream, int(u)))
+    k = _kernel(kernel_name(p.H, p.W, p.R, p.S, v, lw, threads, cs_stores, int(u)))
     return k, (blocks,), (threads,), np.int32(total), np.int32(p.C), dict(
-        v=v, u=int(u), lw=lw, threads=threads, stream=int(bool(stream)))
+        v=v, u=int(u), lw=lw, threads=threads, cs_stores=int(bool(cs_stores)))
 
 
 _PLANS: dict = {}
 
 
 def launch(x, w, out, stride=1, padding=1, dilation=1, groups=None, **tiling):
-    """Run the kernel with an explicit tiling (v, u, threads, stream); the plan is kept per
+    """Run the kernel with an explicit tiling (v, u, threads, cs_stores); the plan is kept per
     shapes, arguments, alignment and tiling."""
     run = planned_conv(_PLANS, plan, x, w, out, (stride, padding, dilation, groups),
                        {**DEFAULT, **tiling})

@@ -62,8 +62,8 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
 NUMBA_WINDOW_CONFIGS = [{}, dict(min_blocks=6), dict(threads=128), dict(v=8),
                         dict(v=8, min_blocks=4)]  # depthwise06_window; {}: the default
 WINDOW_CONFIGS = [{}, dict(threads=128), dict(threads=512), dict(v=8), dict(v=8, threads=128),
-                  dict(v=2), dict(u=2), dict(u=4), dict(stream=1), dict(u=2, stream=1),
-                  dict(u=4, stream=1), dict(v=8, stream=1)]  # {}: the default
+                  dict(v=2), dict(u=2), dict(u=4), dict(cs_stores=1), dict(u=2, cs_stores=1),
+                  dict(u=4, cs_stores=1), dict(v=8, cs_stores=1)]  # {}: the default
 ABOUT = ("The 3x3 filter on 4096^2 and the two depthwise layers (b32 512ch 14x14, b32 32ch "
          "112x112): the CUDA C and Numba kernels over tilings, PyTorch, and a D2D copy of the same "
          "bytes, each checked against float64 before it was timed (queued launches, median); % of "
@@ -163,7 +163,7 @@ def filter_section(copy):
     d_img4, d_out4 = d_img.reshape(1, 1, n, n), d_out.reshape(1, 1, n, n)
     d_w4 = cuda.to_device(GAUSS[None, None])
     for mod, configs, tag in ((depthwise05_window_cuda, ({}, dict(u=2), dict(v=8),
-                                                         dict(stream=1)), ""),
+                                                         dict(cs_stores=1)), ""),
                               (depthwise06_window, ({}, dict(min_blocks=6)), " (Numba)")):
         for c in configs:
             t = {**mod.DEFAULT, **c}

@@ -12,7 +12,7 @@
 // compile-time index. Neighbouring threads' runs overlap: the overlap is meant to come
 // from L1/L2, so that DRAM sees each byte of x about once. Vector indices are clamped into x; a clamped
 // vector only feeds taps outside the plane, which are zero.
-// STREAM: the stores are streaming (st.global.cs: y is not read again soon).
+// CS_STORES: the stores are streaming (st.global.cs: y is not read again soon).
 // Every shape is a template parameter: divisions by constants, loops unrolled.
 
 template <int LW> struct VecOf { typedef float type; };
@@ -66,7 +66,7 @@ struct Run {
 // t + (U - 1) G, every load of all of them written first (more bytes in flight per
 // thread; each warp's stores stay contiguous; ptxas still places some loads among the
 // FMAs of earlier runs).
-template <int H, int W, int R, int S, int V, int U, int LW, int THREADS, bool STREAM>
+template <int H, int W, int R, int S, int V, int U, int LW, int THREADS, bool CS_STORES>
 __global__ void __launch_bounds__(THREADS)
 depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
                  float* __restrict__ y, int total, int C) {
@@ -139,7 +139,7 @@ depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
         T* yv = reinterpret_cast<T*>(y + f0);
 #pragma unroll
         for (int k = 0; k < V / LW; ++k) {
-            if (STREAM) __stcs(yv + k, pack<LW>(&out[u][k * LW]));
+            if (CS_STORES) __stcs(yv + k, pack<LW>(&out[u][k * LW]));
             else yv[k] = pack<LW>(&out[u][k * LW]);
         }
     }
