@@ -270,6 +270,34 @@ def test_fixture_solution_scores_full_marks_with_private_tests(fixture_gradings)
     assert "✓ conv2d: 5 cases passed" in res.tasks[2].output
 
 
+def test_a_task_whose_tests_did_not_all_run_scores_zero(tmp_path, monkeypatch):
+    """The total time limit falls between fx.box's public test (passed) and its private
+    one: the task must not keep the points of the test that ran."""
+    import types
+
+    from convlab.grading import grade as grade_mod
+    from convlab.grading import verdict
+
+    (tmp_path / "tests.py").write_text(PRIVATE_TEST)
+    offset = [0.0]
+    monkeypatch.setattr(grade_mod, "time", types.SimpleNamespace(
+        perf_counter=lambda: time.perf_counter() + offset[0]))
+    run = verdict.TestScope.run
+
+    def run_then_jump(self, index, source, name, *a, **k):
+        out = run(self, index, source, name, *a, **k)
+        if name == "fx.box":
+            offset[0] = 1e6  # past the deadline once fx.box's first test has run
+        return out
+
+    monkeypatch.setattr(verdict.TestScope, "run", run_then_jump)
+    res = grade(FIXTURE, FIXTURE, tmp_path)
+    box = res.tasks[0]
+    assert box.id == "fx.box" and not box.passed and box.score == 0, res.summary()
+    assert "not all of its tests ran" in box.message
+    assert res.score == 0 and all(t.kind == "not-run" for t in res.tasks[1:])
+
+
 def test_fixture_exercise_scores_zero_with_not_implemented(fixture_gradings):
     res, _ = fixture_gradings["exercise"]
     assert res.score == 0 and res.max_score == 7

@@ -443,7 +443,12 @@ def _execute(session: KernelSession, scope, channel, steps, tasks, answers, cell
     for s in steps:
         t = tasks.get(s.task) if s.task else None
         if remaining() <= 0:
-            if t is not None and t.kind == "not-run":
+            if t is not None and s.kind == "test" and t.kind == "passed":
+                # a task scores only when every one of its tests ran (private ones too)
+                t.kind, t.passed, t.score = "timeout", False, 0.0
+                t.message = ("not all of its tests ran: the total time limit was reached; this "
+                             "task scores 0")
+            elif t is not None and t.kind == "not-run":
                 t.message = "not run: the total time limit was reached"
             continue
         if s.kind == "test" and t is not None and t.kind not in ("not-run", "passed"):
