@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from convlab import check
 from convlab.__main__ import main as cli
 from convlab.grading import notebook as nbf
 from convlab.grading.batch import grade_batch, submission_names
@@ -119,6 +120,16 @@ def test_fixture_exercise_is_clean_and_deterministic():
     assert "seed=11" in grading and "sliding_window_view(padded" not in grading
 
 
+def test_a_learners_function_never_says_whether_it_runs_on_the_device():
+    """A plain NumPy function would say no and be handed host arrays in a GPU task: a
+    graded checker call must state device= itself."""
+    from convlab.grading.remote import RemoteFunction
+
+    fn = RemoteFunction(None, "conv2d_tiled", {"name": "conv2d_tiled", "device": True})
+    with pytest.raises(TypeError, match="device=True or device=False"):
+        check.check_conv2d(fn, quiet=True)
+
+
 def test_bound_names_and_flags():
     names = nbf.bound_names("%matplotlib inline\nimport numpy as np, os.path\n"
                             "from x import y as z\na, (b, *c) = 1, (2, 3)\n"
@@ -130,6 +141,9 @@ def test_bound_names_and_flags():
                            "print('✓ all tests passed')\nsys.exit(0)")
     assert {"touches the checker or the grader", "assigns into a module",
             "prints pass-like lines", "tries to exit the interpreter"} <= set(flags)
+    for reach in ("y = x._ary", "v = vars(x)['_ary']", "z = x.__dict__",
+                  "from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray"):
+        assert "reaches into the simulator's device arrays" in nbf.scan_flags(reach), reach
 
 
 def test_private_tests_load_and_merge(tmp_path):

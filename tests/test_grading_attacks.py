@@ -1,10 +1,10 @@
 """Attacks on the grader score no more than fair; unusual correct answers score full.
 
 One submission per attack family of tests/data/grading/answers/attack_*.py (reach the
-checkers, skip the tests, read solutions, leak, offload), plus one with four correct but
-unusual answers, all graded once in one batch. A second batch holds a killer, a saboteur
-and two honest notebooks (only where the grader can isolate the learner's process: the
-killer signals every process it can see).
+checkers, skip the tests, read solutions, leak, offload, a plain NumPy function), plus one
+with four correct but unusual answers, all graded once in one batch. A second batch holds a
+killer, a saboteur and two honest notebooks (only where the grader can isolate the learner's
+process: the killer signals every process it can see).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ FAMILIES = {
         "fx.box": (1, r""), "fx.gemm": (0, r"not implemented"),
         "fx.tiled": (0, r"not implemented")}),
     "offload": ((*SOLVED, "attack_offload.py"), {
+        "fx.box": (1, r""), "fx.gemm": (1, r""),
+        "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
+    "numpy": ((*SOLVED, "attack_numpy.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
 }

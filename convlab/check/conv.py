@@ -243,19 +243,22 @@ def _label(shape, hw, kw) -> str:
     return f"x{tuple(shape)}, filter {hw}, " + ", ".join(f"{k}={v}" for k, v in kw.items())
 
 
-def check_im2col(fn, *, seed=None, quiet=False) -> str:
+def check_im2col(fn, *, device=None, seed=None, quiet=False) -> str:
     """fn(x (N, C, H, W), kernel_hw, stride=, padding=, dilation=) -> cols.
 
     cols has shape (C·R·S, N·P·Q): row (c, r, s), column (n, p, q), zeros for padding,
-    the layout of `convlab.reference.im2col`.
+    the layout of `convlab.reference.im2col`. device=True passes x as a CUDA device array
+    (default: ``fn.device``).
     """
     task = "im2col"
+    if device is None:
+        device = bool(getattr(fn, "device", False))
     cases = _im2col_cases(np.random.default_rng(seed))
     for x, hw, kw in cases:
         label = _label(x.shape, hw, kw)
         expected = ref.im2col(x.astype(np.float64), hw, **kw)
         try:
-            out = call(_bind(fn, hw), [x], expected.shape, kw, False)
+            out = call(_bind(fn, hw), [x], expected.shape, kw, device)
         except CheckError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -571,6 +571,8 @@ _FLAGS = [
     (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
+    (r"\b_ary\b|\bFake\w*CUDAArray\b|\bcuda\.simulator\b|__dict__",
+     "reaches into the simulator's device arrays"),
 ]
 _PRINT_PASS = re.compile(r"print\s*\([^)]*(✓|✔|\bpass(ed)?\b|\bOK\b|FULL MARKS|score)", re.I)
 

@@ -54,12 +54,19 @@ class RemoteFunction:
     def __init__(self, channel, name: str, desc: dict):
         self._channel, self._name = channel, name
         self.__name__ = self.__qualname__ = str(desc.get("name") or name)[:200]
-        self.device = bool(desc.get("device"))
         params = desc.get("params")
         self.__signature__ = _signature(params) if isinstance(params, list) else None
 
     def __repr__(self):
         return f"<the learner's {self._name}>"
+
+    @property
+    def device(self):
+        """Never the learner's word: a plain NumPy function would say False and be handed
+        host arrays in a GPU task. A graded test states ``device=`` itself."""
+        raise TypeError(f"the test calls a checker on the learner's {self._name} without "
+                        "device=True or device=False: a graded test must say whether the task "
+                        "passes device arrays (the submission does not get to decide)")
 
     def __call__(self, *args, **kwargs):
         return self._channel.call(self._name, args, kwargs)[0]

@@ -7,8 +7,9 @@ files only, a byte budget, numeric arrays only (``allow_pickle=False``), bounded
 
 Encoded values (JSON): ``null``, booleans, integers, strings, lists, and tagged objects
 ``{"f": "nan"}`` (non-finite floats), ``{"t": [...]}`` (tuples), ``{"d": [[k, v], ...]}``
-(dicts with string keys), ``{"r": [start, stop, step]}`` (ranges), ``{"a": "file.npy",
-"dev": bool}`` (arrays; ``dev``: a CUDA device array on the sending side).
+(dicts with string keys), ``{"r": [start, stop, step]}`` (ranges), ``{"s": [start, stop,
+step]}`` (slices of integers or None), ``{"a": "file.npy", "dev": bool}`` (arrays; ``dev``:
+a CUDA device array on the sending side; a torch tensor is sent as its host array).
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ class Encoder:
             return self.array(v.copy_to_host(), device=True)
         if isinstance(v, range):
             return {"r": [v.start, v.stop, v.step]}
+        if isinstance(v, slice):
+            ends = [v.start, v.stop, v.step]
+            if not all(e is None or isinstance(e, (int, np.integer)) for e in ends):
+                raise WireError("only slices of integers can be sent")
+            return {"s": [None if e is None else int(e) for e in ends]}
         if isinstance(v, tuple):
             return {"t": [self(x, depth + 1) for x in v]}
         if isinstance(v, list):
@@ -86,6 +92,8 @@ class Encoder:
             return {"d": [[k, self(x, depth + 1)] for k, x in v.items()]}
         if isinstance(v, np.generic):
             return self(v.item(), depth + 1)
+        if hasattr(v, "detach") and hasattr(v, "cpu"):  # a torch tensor, as the checkers take
+            return self(np.asarray(v.detach().cpu().numpy()), depth + 1)
         if hasattr(v, "__array_interface__") or hasattr(v, "__cuda_array_interface__"):
             return self(np.asarray(_host(v)), depth + 1)
         raise WireError(f"cannot send a value of type {type(v).__name__}")
@@ -169,6 +177,9 @@ class Decoder:
             if set(v) == {"r"} and isinstance(v["r"], list) and len(v["r"]) == 3 and all(
                     type(x) is int for x in v["r"]):
                 return range(*v["r"])
+            if set(v) == {"s"} and isinstance(v["s"], list) and len(v["s"]) == 3 and all(
+                    x is None or type(x) is int for x in v["s"]):
+                return slice(*v["s"])
             if set(v) == {"d"} and isinstance(v["d"], list):
                 out = {}
                 for kv in v["d"]:
