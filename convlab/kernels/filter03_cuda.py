@@ -15,8 +15,8 @@ ones down: the rows two strips share are both strips' first rows, or both strips
 The default strips are short (V = 2: a warp issues its four row loads at once, writes two
 rows and is gone), the fastest in the H200 sweep (tools/gpu/memory_bound.py). Long strips
 read fewer halo rows, but each warp waits through many DRAM round trips one after the
-other with few loads in flight; short strips read every row twice, the second time from
-the L2.
+other with few loads in flight; short strips read every row twice, the second time (the
+intent; not profiled) from L1 when both strips run in one block, from the L2 otherwise.
 
 Rows must start on 16 bytes for float4 (W % 4 == 0, aligned buffers); otherwise the same
 kernel runs with one column per lane (scalar loads). The taps are compiled in as

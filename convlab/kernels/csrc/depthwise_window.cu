@@ -116,8 +116,9 @@ depthwise_window(const float* __restrict__ x, const float* __restrict__ w,
             const int p = (pos0 + v) / W, q = (pos0 + v) - (pos0 + v) / W * W;
             float acc = 0.0f;
 #pragma unroll
-            for (int rr = 0; rr < R; ++rr) {  // last row first: ptxas then issues nearly
-                const int r = R - 1 - rr;      // every load before the first FMA (sm_90)
+            for (int rr = 0; rr < R; ++rr) {  // last row first: with u = 1 ptxas (sm_90)
+                const int r = R - 1 - rr;      // then issues all loads but one before the
+                                               // first FMA (tools/sass_window_loads.py)
                 const bool rok = p + r - PH >= 0 && p + r - PH < H;
 #pragma unroll
                 for (int ss = 0; ss < S; ++ss) {

@@ -141,7 +141,7 @@ __device__ __forceinline__ void warp_strip(const float* __restrict__ img,
 // blocks per SM the registers must allow (0: the compiler's choice; 1 lets it hoist every
 // load of the unrolled strip, at up to 255 registers). ALT: odd strips walk up, so the
 // two strips on either side of every boundary read the rows they share at about the same
-// time (both first, or both last) and the second read hits in cache, instead of a strip's
+// time (both first, or both last) and the second read can hit in L1 or L2, instead of a strip's
 // lifetime later, when the rows may have left the L2.
 template <int VEC, int V, int WARPS, int PF, int MINB, bool ALT>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
