@@ -67,7 +67,8 @@ def make_kernel(v: int, stride: int, R: int = 3, S: int = 3):
     @cuda.jit
     def depthwise_kernel(x, w, y, C, H, W, P, Q, ph, pw, strips, total):
         # x (N*C*H*W,), w (C*R*S,), y (N*C*P*Q,) flattened; sizes as uint32 so the
-        # divisions and indices below are unsigned (no negative-index checks)
+        # divisions and indices below are unsigned (no negative-index checks), though
+        # Numba widens a product of two uint32 to 64 bits
         t = uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x)
         if t >= total:
             return
