@@ -11,7 +11,8 @@
 # CUDA C kernels: implicit GEMM, im2col + GEMM, Winograd; about 170 s), wide_loads (the
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
-# kernels' compiles), memory_tests (the GPU tests of those kernels).
+# kernels' compiles), memory_tests (the GPU tests of those kernels), depthwise_block
+# (lesson 11's MobileNet block, inputs rotating past the L2, into the stored lessons10_11 file).
 set -u
 # the commit every stored result names: the caller's (the machine's git copy can be stale)
 : "${COMMIT:?set COMMIT to the commit of the tree this call runs (git rev-parse --short HEAD)}"
@@ -73,6 +74,9 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                   tools/gpu/sgemm_wide_loads.py 4096 ;;
     memory_bound) TAIL=70 step memory_bound 240 env OUT="$W/res" python3 \
                     tools/gpu/memory_bound.py ;;
+    depthwise_block) cp convlab/results/h200_lessons10_11.json "$W/res/" 2>/dev/null  # joins it
+                     TAIL=10 step depthwise_block 90 python3 -m convlab measure lessons10_11 \
+                       --only l11_depthwise_block --prefix h200 --out "$W/res" ;;
     memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
                     tests/test_depthwise_cuda.py \
