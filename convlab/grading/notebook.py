@@ -571,8 +571,10 @@ _FLAGS = [
     (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
-    (r"\b_ary\b|\bFake\w*CUDAArray\b|\bcuda\.simulator\b|__dict__",
+    (r"\b_ary\b|\bFake\w*CUDAArray\b|\bcuda\.simulator\b|__dict__|\bvars\s*\(|"
+     r"__getstate__|__reduce|\bbuffer\s*=|__array_finalize__|\bcuda\.reduce\b",
      "reaches into the simulator's device arrays"),
+    (r"^\s*__name__\s*=", "renames its module"),
 ]
 _PRINT_PASS = re.compile(r"print\s*\([^)]*(✓|✔|\bpass(ed)?\b|\bOK\b|FULL MARKS|score)", re.I)
 
@@ -599,4 +601,35 @@ def scan_flags(text: str) -> list[str]:
             flags.append(why)
     if _PRINT_PASS.search(code):
         flags.append("prints pass-like lines")
+    if _python_in_kernels(code):
+        flags.append("runs NumPy or Python containers inside a kernel (the simulator runs "
+                     "them; a GPU would not compile them)")
     return flags
+
+
+# inside a @cuda.jit function: NumPy on scalars (np.float32(x), np.sqrt(x)) compiles for
+# the GPU; NumPy on arrays and Python containers do not, though the simulator runs them
+_KERNEL_NUMPY_OK = {"float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                    "uint8", "uint16", "uint32", "uint64", "bool_", "sqrt", "exp", "log",
+                    "abs", "fabs", "floor", "ceil", "minimum", "maximum", "isnan", "isinf",
+                    "isfinite", "sin", "cos", "tanh", "round", "trunc", "sign", "copysign",
+                    "power", "fmin", "fmax", "nan", "inf", "pi", "e"}
+
+
+def _python_in_kernels(code: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or not any(
+                "jit" in ast.unparse(d) for d in fn.decorator_list):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp,
+                                 ast.SetComp, ast.GeneratorExp)):
+                return True
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in ("np", "numpy") and node.attr not in _KERNEL_NUMPY_OK):
+                return True
+    return False

@@ -34,9 +34,10 @@ def install(config_path: str) -> None:
             speed_worker.install(cfg, cfg["outbox"], cfg["inbox"])
         except Exception as e:  # noqa: BLE001  (correctness grading goes on; speed says why)
             speed_worker.INSTALL_ERROR.append(f"{type(e).__name__}: {e}"[:500])
-    from . import sandbox
+    from . import host_reads, sandbox
 
-    _cfg.update(cfg, guard=sandbox.install(cfg.get("sandbox", {})))
+    _cfg.update(cfg, guard=sandbox.install(cfg.get("sandbox", {})),
+                host_reads=host_reads.install())  # before any learner code: nothing to keep
 
 
 def _ns() -> dict:
@@ -110,13 +111,10 @@ def call(n: int) -> None:
         return _reply(n, {"ok": False, "ename": "GraderRequestError", "evalue": str(e)})
     guard = _cfg["guard"]
     trace_facts = None
-    copies = None
-    if device and _simulator():
-        copies = _SimHostReads()  # traced calls too: the tracer's own reads are exempt
-    elif device and not req.get("trace"):
-        copies = _HostCopies([*args, *kwargs.values()])
+    # a GPU task's host reads (traced calls too: the tracer's own reads are exempt)
+    copies = _cfg["host_reads"].counting() if device else contextlib.nullcontext()
     try:
-        with guard(), (copies or contextlib.nullcontext()):
+        with guard(), copies as counted:
             if req.get("trace"):
                 from convlab import trace
 
@@ -128,9 +126,9 @@ def call(n: int) -> None:
                 from numba import cuda
 
                 cuda.synchronize()
-        if copies is not None and copies.n:
+        if device and counted.n:
             return _reply(n, {"ok": False, "ename": "HostCopyError", "evalue": (
-                f"{copies.n} device-to-host copies of arrays inside the graded call: "
+                f"{counted.n} device-to-host copies of arrays inside the graded call: "
                 "the task asks for the work on the GPU (no copying to NumPy and back; under "
                 "the simulator, reading a device array on the host counts as a copy: "
                 "np.asarray, an element, printing it, arithmetic on the whole array)")})
@@ -153,146 +151,6 @@ def call(n: int) -> None:
     except Exception as e:  # noqa: BLE001
         return _reply(n, {"ok": False, "ename": "WireError", "evalue": str(e)})
     return _reply(n, out)
-
-
-class _HostCopies:
-    """Counts device-to-host copies while a graded GPU call runs (an in-process check:
-    it catches the plain CPU offload, not a learner who restores the method)."""
-
-    def __init__(self, arrays):
-        self.n = 0
-        self.classes = {type(a) for a in arrays if wire._is_device_array(a)}
-        self.saved = {}
-
-    def __enter__(self):
-        for cls in self.classes:
-            original = cls.copy_to_host
-            self.saved[cls] = original
-
-            def counted(arr, *a, _original=original, **k):
-                self.n += 1
-                return _original(arr, *a, **k)
-
-            cls.copy_to_host = counted
-        return self
-
-    def __exit__(self, *exc):
-        for cls, original in self.saved.items():
-            cls.copy_to_host = original
-        return False
-
-
-def _simulator() -> bool:
-    from convlab.runtime import is_simulator
-
-    return is_simulator()
-
-
-class _SimHostReads:
-    """Counts host reads of the simulator's device arrays while a graded GPU call runs.
-
-    Under the simulator a device array is a NumPy array of this process: ``np.asarray``,
-    one element, ``print``, whole-array arithmetic or the wrapped array itself would read
-    it with no ``copy_to_host`` at all. Outside the simulator's kernel threads each such
-    read counts as a device-to-host copy, as ``copy_to_host`` does: a GPU's device arrays
-    offer none of them without one. The simulator's own code (launches, views, copies
-    between device arrays) and the tracer's are exempt, except their copies to the host
-    (the write-back of a host array passed to a kernel). In-process like `_HostCopies`:
-    it catches the offload written plainly; the review flags name the ways around it.
-    """
-
-    EXEMPT = ("numba.cuda.simulator", "convlab.trace")
-    META = frozenset({"shape", "dtype", "strides", "size", "ndim", "itemsize", "nbytes",
-                      "flags", "alloc_size", "stream"})
-    DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
-               "__sub__", "__mul__", "__floordiv__", "__truediv__", "__mod__", "__pow__",
-               "__str__", "__repr__")
-
-    def __init__(self):
-        import threading
-
-        from numba.cuda.simulator.cudadrv import devicearray
-        from numba.cuda.simulator.kernel import BlockThread
-
-        self.n = 0
-        self.fake, self.within = devicearray.FakeCUDAArray, devicearray.FakeWithinKernelCUDAArray
-        self._in_kernel = lambda: isinstance(threading.current_thread(), BlockThread)
-        self.saved = []
-
-    def _reads(self, exempt=EXEMPT) -> None:
-        """Count one host read unless a kernel thread or an exempt module makes it (the
-        caller of the patched method, two frames up)."""
-        if self._in_kernel():
-            return
-        caller = sys._getframe(2).f_globals.get("__name__", "")
-        if not caller.startswith(exempt):
-            self.n += 1
-
-    def _patch(self, cls, name, value):
-        self.saved.append((cls, name, cls.__dict__.get(name, _MISSING)))
-        setattr(cls, name, value)
-
-    def __enter__(self):
-        fake, reads, trace_only = self.fake, self._reads, ("convlab.trace",)
-        getattr_, getitem, copy_to_host = fake.__getattr__, fake.__getitem__, fake.copy_to_host
-        init = fake.__init__
-
-        def _ary_get(arr):
-            reads()
-            return arr.__dict__["_ary"]
-
-        def _ary_set(arr, value):
-            arr.__dict__["_ary"] = value
-
-        def get_attr(arr, name):
-            if name not in self.META:
-                reads()
-            return getattr_(arr, name)
-
-        def get_item(arr, idx):
-            out = getitem(arr, idx)
-            if not isinstance(out, fake):  # one element, not a view
-                reads()
-            return out
-
-        def to_host(arr, *a, **k):
-            reads(trace_only)  # the simulator's write-back to a host array too
-            return copy_to_host(arr, *a, **k)
-
-        def new(arr, *a, **k):  # wrapping one's own host buffer, to copy into it
-            reads()
-            init(arr, *a, **k)
-
-        self._patch(fake, "_ary", property(_ary_get, _ary_set))
-        self._patch(fake, "__getattr__", get_attr)
-        self._patch(fake, "__getitem__", get_item)
-        self._patch(fake, "copy_to_host", to_host)
-        self._patch(fake, "__init__", new)
-        for name in self.DUNDERS:
-            self._patch(fake, name, self._counted(getattr(fake, name), trace_only))
-        for name in ("__getattr__", "__getitem__", "__setitem__", "__setattr__",
-                     "__array_ufunc__", "__len__"):  # only kernel threads use these
-            self._patch(self.within, name, self._counted(getattr(self.within, name), ()))
-        return self
-
-    def _counted(self, method, exempt):
-        def counted(*a, **k):
-            self._reads(exempt)
-            return method(*a, **k)
-
-        return counted
-
-    def __exit__(self, *exc):
-        for cls, name, old in reversed(self.saved):
-            if old is _MISSING:
-                delattr(cls, name)
-            else:
-                setattr(cls, name, old)
-        self.saved.clear()
-        return False
-
-
-_MISSING = object()
 
 
 def facts(t) -> dict:

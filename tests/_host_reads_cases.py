@@ -1,0 +1,140 @@
+"""Cases for tests/test_grading_host_reads.py, run in a process of their own (the counter
+patches the simulator's array classes for good): ``python -m tests._host_reads_cases``
+prints {case: host reads counted} as JSON."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import threading
+import types
+
+import numpy as np
+
+# set by main(), in the process of its own (the lambdas below read them when they run)
+cuda = copy_flat = numpy_in_a_kernel = FakeWithinKernelCUDAArray = READS = SAVED_COPY = None
+
+
+def _setup() -> None:
+    global cuda, copy_flat, numpy_in_a_kernel, FakeWithinKernelCUDAArray, READS, SAVED_COPY
+    import convlab
+
+    convlab.setup("sim")
+    from numba import cuda
+    from numba.cuda.simulator.cudadrv.devicearray import FakeWithinKernelCUDAArray
+
+    from convlab.grading import host_reads
+
+    READS = host_reads.install()
+    SAVED_COPY = type(cuda.device_array(1)).copy_to_host  # kept by a learner before a call
+
+    @cuda.jit
+    def copy_flat(src, dst):
+        i = cuda.grid(1)
+        if i < dst.shape[0]:
+            dst[i] = src[i]
+
+    @cuda.jit
+    def numpy_in_a_kernel(src, dst):
+        if cuda.threadIdx.x == 0:
+            dst[0] = np.asarray(src).sum()
+
+
+def in_thread(fn):
+    t = threading.Thread(target=fn)
+    t.start()
+    t.join()
+
+
+def as_if_from(module, fn):
+    """fn with module globals named like exempt code (its file stays the caller's)."""
+    return types.FunctionType(fn.__code__, {**fn.__globals__, "__name__": module})
+
+
+class Sub(np.ndarray):
+    pass
+
+
+def holds_no_array(state) -> bool:
+    return not any(isinstance(v, np.ndarray) for v in dict(state or {}).values())
+
+
+READ = {  # each reads the device array's values on the host
+    "np.asarray": lambda a, o: np.asarray(a),
+    "np.copyto into a host array": lambda a, o: np.copyto(np.empty((3, 4), np.float32), a),
+    "one element": lambda a, o: a[1, 2],
+    "iteration": lambda a, o: list(a[0]),
+    "copy_to_host": lambda a, o: a.copy_to_host(),
+    "copy_to_host saved before the call": lambda a, o: SAVED_COPY(a),
+    "the wrapped array": lambda a, o: a._ary,
+    "a NumPy method": lambda a, o: a.sum(),
+    "arithmetic": lambda a, o: a * 2,
+    "a comparison": lambda a, o: a > 0,
+    "printing": lambda a, o: repr(a),
+    "a device array around one's own host buffer": lambda a, o: type(a)(
+        np.empty((3, 4), np.float32)).copy_to_device(a),
+    "device_array(buffer=)": lambda a, o: cuda.device_array(
+        (3, 4), np.float32, buffer=np.empty((3, 4), np.float32)).copy_to_device(a),
+    "an ndarray subclass sent to the device": lambda a, o: cuda.to_device(
+        np.zeros((3, 4), np.float32).view(Sub)).copy_to_device(a),
+    "a kernel writing into a host array": lambda a, o: copy_flat[1, 12](
+        a.reshape(12), np.empty(12, np.float32)),
+    "the kernel-side wrapper": lambda a, o: FakeWithinKernelCUDAArray(a)[0, 0],
+    "np.asarray in a thread of one's own": lambda a, o: in_thread(lambda: np.asarray(a)),
+    "np.asarray from a function named like exempt code": lambda a, o: as_if_from(
+        "numba.cuda.simulator.cudadrv.devicearray", lambda x: np.asarray(x))(a),
+    "cuda.reduce": lambda a, o: cuda.reduce(lambda p, q: p + q)(a.reshape(12)),
+    "NumPy in a kernel body": lambda a, o: numpy_in_a_kernel[1, 1](a.reshape(12),
+                                                                   o.reshape(12)),
+}
+HIDDEN = {  # the wrapped array is not where these look (True: nothing found)
+    "vars()": lambda a, o: holds_no_array(vars(a)),
+    "__reduce_ex__": lambda a, o: holds_no_array(a.__reduce_ex__(4)[2]),
+    "pickle": lambda a, o: np.arange(12, dtype=np.float32).tobytes() not in pickle.dumps(a),
+}
+FREE = {  # what a launcher does with device arrays on a GPU without a copy to the host
+    "shapes": lambda a, o: (a.shape, a.dtype, a.strides, a.size, a.ndim, a.nbytes, len(a)),
+    "probing for an attribute it lacks": lambda a, o: (
+        hasattr(a, "__cuda_array_interface__"), getattr(a, "device_ctypes_pointer", None)),
+    "views": lambda a, o: (a.reshape(12), a[1], a[:, 1:3], a.T, a.ravel(), a.view(np.int32)),
+    "a kernel": lambda a, o: copy_flat[1, 12](a.reshape(12), o.reshape(12)),
+    "device to device": lambda a, o: (o.copy_to_device(a), o.__setitem__(Ellipsis, a)),
+    "host to device": lambda a, o: (o.copy_to_device(np.ones((3, 4), np.float32)),
+                                    o.__setitem__(Ellipsis, 0.0)),
+    "new device arrays": lambda a, o: (cuda.device_array_like(a), cuda.to_device(a),
+                                       cuda.to_device(np.ones(3)), cuda.device_array(5),
+                                       cuda.device_array((2, 3), np.float32)),
+}
+
+
+def run(action):
+    """(host reads counted, the action's value, its error or None)."""
+    a = cuda.to_device(np.arange(12, dtype=np.float32).reshape(3, 4))
+    out = cuda.device_array((3, 4), np.float32)
+    value, error = None, None
+    with READS.counting() as reads:
+        try:
+            value = action(a, out)
+        except Exception as e:  # noqa: BLE001  (what was read before it is what counts)
+            error = f"{type(e).__name__}: {e}"[:200]
+    return reads.n, value, error
+
+
+def main() -> None:
+    _setup()
+    result = {"read": {}, "hidden": {}, "free": {}}
+    for name, action in READ.items():
+        result["read"][name] = run(action)[0]
+    for name, action in HIDDEN.items():
+        n, value, error = run(action)
+        result["hidden"][name] = bool(value) and error is None
+    for name, action in FREE.items():
+        n, _, error = run(action)
+        result["free"][name] = [n, error]
+    a = cuda.to_device(np.arange(6, dtype=np.float32))
+    result["after"] = [float(np.asarray(a).sum()), float(a[5]), READS.n]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
