@@ -48,3 +48,21 @@ def test_device_work_is_free(counted, name):
 def test_counting_is_off_outside_a_graded_call(counted):
     total, element, n = counted["after"]
     assert (total, element, n) == (15.0, 5.0, 0)
+
+
+def test_on_a_gpu_copy_to_host_is_patched_once_at_install():
+    """GPU mode (numba's real device arrays; no GPU needed to patch the class): every
+    copy_to_host, including one a learner saved after install, goes through the counter."""
+    code = ("import convlab\nconvlab.setup('gpu')\n"
+            "from numba.cuda.cudadrv import devicearray as d\n"
+            "from convlab.grading import host_reads\n"
+            "r = host_reads.install()\n"
+            "print(type(r).__name__, d.DeviceNDArrayBase.copy_to_host.__qualname__,"
+            " host_reads.install() is r)\n")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("NUMBA_ENABLE_CUDASIM", "CONVLAB_MODE")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kind, method, same = r.stdout.split()
+    assert kind == "GpuHostCopies" and method.startswith("GpuHostCopies") and same == "True"
