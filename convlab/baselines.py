@@ -163,7 +163,7 @@ def gemm_precisions(n: int = 4096, precisions=("fp32", "tf32", "bf16", "fp16"), 
         diff = (result().double() - exp).abs()
         err = dict(max_rel=float((diff / absref).max()),
                    rel_l2=float(diff.norm() / exp.norm()))
-        t = bench.time_gpu(run, repeat=repeat)
+        t = bench.time_gpu_queued(run, repeat=repeat)  # the GPU's time, not Python's
         rows.append(dict(name=name, precision=prec, ms=t.median_ms, spread=t.spread,
                          tflops=t.tflops(flops), note=note, **err))
 
@@ -206,7 +206,7 @@ def conv_precisions(problem, precisions=("fp32", "tf32", "bf16", "fp16"), repeat
         run()
         torch.cuda.synchronize()
         diff = (result().double() - exp).abs()
-        t = bench.time_gpu(run, repeat=repeat)
+        t = bench.time_gpu_queued(run, repeat=repeat)  # the GPU's time, not Python's
         rows.append(dict(name=name, precision=prec, ms=t.median_ms, spread=t.spread,
                          tflops=t.tflops(problem.flops),
                          max_rel=float((diff / (absref + 1e-30)).max()),
@@ -249,15 +249,18 @@ def throughput_ratio(n: int = 8192, repeat: int = 5) -> dict:
     a16, b16 = a.half(), b.half()
     hgemm = bench.time_gpu(lambda: a16 @ b16, repeat=repeat).tflops(flops)
     fma = bench.fma_peak()
+    theory = bench.theoretical_peak()["tflops"]
     return dict(n=n, fp16_tensor_tflops=hgemm, fp32_sgemm_tflops=sgemm, fp32_fma_tflops=fma,
-                ratio_vs_sgemm=hgemm / sgemm, ratio_vs_fma=hgemm / max(fma, sgemm))
+                fp32_theoretical_tflops=theory, ratio_vs_sgemm=hgemm / sgemm,
+                ratio_vs_fma=hgemm / max(fma, sgemm), ratio_vs_theoretical=hgemm / theory)
 
 
 # ----------------------------------------------------------------------------------------
 # Which algorithm did the library run?
 
 ALGORITHMS = (("fft", "FFT"), ("winograd", "Winograd"), ("precomputed", "precomputed GEMM"),
-              ("implicit", "implicit GEMM"), ("direct", "direct"), ("gemm", "GEMM"))
+              ("implicit", "implicit GEMM"), ("direct", "direct"), ("gemm", "GEMM"),
+              ("nvjet", "GEMM (nvJet)"))
 
 
 def algorithm_of(kernel_names) -> str:
@@ -283,8 +286,15 @@ def library_kernels(fn, *args) -> list:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(*args)
         torch.cuda.synchronize()
-    return [e.key for e in prof.key_averages() if e.device_type.name == "CUDA"
-            and e.key.lower() not in ("memset", "memcpy")]
+    return kernel_names(prof.events())
+
+
+def kernel_names(events) -> list:
+    """The GPU kernels among profiler events, in launch order, without memsets and copies
+    ("Memset (Device)", "Memcpy DtoD ..."): the last one is the call's last kernel."""
+    gpu = [e for e in events if e.device_type.name == "CUDA"
+           and not e.name.lower().startswith(("memset", "memcpy"))]
+    return [e.name for e in sorted(gpu, key=lambda e: e.time_range.start)]
 
 
 def cudnn_algorithm(impl: Impl, x, w) -> dict:

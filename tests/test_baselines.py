@@ -54,3 +54,28 @@ def test_gemm_and_conv_precisions_check_then_time():
     names = [r["name"] for r in conv]
     assert names[0] == "cuDNN fp32" and "cuDNN fp16 NHWC" in names
     assert all(r["ms"] > 0 and r["rel_l2"] < 1e-2 for r in conv)
+
+
+def _event(name, start, device="CUDA"):
+    from types import SimpleNamespace as NS
+
+    return NS(name=name, device_type=NS(name=device), time_range=NS(start=start))
+
+
+def test_kernel_names_are_in_launch_order_without_memsets_and_copies():
+    events = [_event("fft2d_c2r_32x32", 30), _event("Memset (Device)", 5),
+              _event("fft2d_r2c_32x32", 10), _event("Memcpy DtoD (Device -> Device)", 20),
+              _event("aten::conv2d", 1, device="CPU"), _event("cgemm_sm90", 15)]
+    names = baselines.kernel_names(events)
+    assert names == ["fft2d_r2c_32x32", "cgemm_sm90", "fft2d_c2r_32x32"]
+    assert baselines.algorithm_of(names) == "FFT"
+
+
+@pytest.mark.parametrize("kernels, algorithm", [
+    (["nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TNT"], "GEMM (nvJet)"),
+    (["sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc"], "implicit GEMM"),
+    (["sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8"], "GEMM"),
+    (["winograd_4x4_nchw"], "Winograd"),
+])
+def test_algorithm_of_names_what_the_library_ran(kernels, algorithm):
+    assert baselines.algorithm_of(kernels) == algorithm

@@ -9,8 +9,9 @@ the same source with one switch more each step (`LADDER`):
 1. ``mma.sync + ldmatrix``: global -> registers -> shared memory, two buffers, rows
    padded by 8 halves;
 2. ``+ cp.async stages``: 16-byte asynchronous copies, STAGES slabs in flight;
-3. ``+ swizzle``: no padding, 16-byte chunks XOR-permuted per row (conflict-free
-   ldmatrix, less shared memory, so more stages fit).
+3. ``+ swizzle``: no padding, 16-byte chunks XOR-permuted per row (ldmatrix stays
+   conflict-free, as with the padding, and the cp.async writes become so too; less
+   shared memory per stage, a fifth at BK = 32: room for more blocks or stages).
 
 Both operands are K-major: the GEMM computes ``C = A @ B^T`` with a (M, K) and bt (N, K)
 (cuBLAS's "TN"; `gemm_mma` transposes a row-major b once); the convolution is an

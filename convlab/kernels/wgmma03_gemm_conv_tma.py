@@ -13,11 +13,14 @@ changes from ``mma.sync`` (mma02):
   into an mbarrier; one thread issues the copies of a block (warp specialization: a
   producer warpgroup, CONSUMERS math warpgroups).
 
-``mma.sync`` on Hopper runs at about two thirds of the wgmma rate and needs the registers
-of four warps to feed what one wgmma reads from shared memory, so the Hopper peak is only
-reached with wgmma. Both operands are K-major (``C = A @ B^T``); the conv is an implicit
-GEMM over NHWC input, stride 1, C % 64 == 0, the TMA box moved by (r, s) per slab, and
-out-of-range rows (the padding) arrive as zeros.
+``mma.sync`` on Hopper issues below the wgmma rate: even on registers alone, with no
+loads (``csrc/mma_peak.cu``), it stays under what cuBLAS's wgmma kernel sustains on a
+whole GEMM; and its operands must pass through registers (``ldmatrix``), where one wgmma
+reads shared memory directly. So the Hopper peak is only reached with wgmma.
+
+Both operands are K-major (``C = A @ B^T``); the conv is an implicit GEMM over NHWC
+input, stride 1, C % 64 == 0, the TMA box moved by (r, s) per slab, and out-of-range rows
+(the padding) arrive as zeros.
 """
 
 from __future__ import annotations
