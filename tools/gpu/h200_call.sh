@@ -12,7 +12,8 @@
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
 # kernels' compiles), memory_tests (the GPU tests of those kernels), depthwise_block
-# (lesson 11's MobileNet block, inputs rotating past the L2, into the stored lessons10_11 file).
+# (lesson 11's MobileNet block, inputs rotating past the L2, into the stored lessons10_11 file),
+# precisions (lesson 12's library tables at each precision, launches queued, and the 12x check).
 set -u
 # the commit every stored result names: the caller's (the machine's git copy can be stale)
 : "${COMMIT:?set COMMIT to the commit of the tree this call runs (git rev-parse --short HEAD)}"
@@ -74,6 +75,9 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                   tools/gpu/sgemm_wide_loads.py 4096 ;;
     memory_bound) TAIL=70 step memory_bound 240 env OUT="$W/res" python3 \
                     tools/gpu/memory_bound.py ;;
+    precisions) cp convlab/results/h200_lessons12_13.json "$W/res/" 2>/dev/null  # joins it
+                TAIL=20 step precisions 240 python3 -m convlab measure lessons12_13 \
+                  --only wmma_gemm,wmma_conv,throughput_ratio --prefix h200 --out "$W/res" ;;
     depthwise_block) cp convlab/results/h200_lessons10_11.json "$W/res/" 2>/dev/null  # joins it
                      TAIL=10 step depthwise_block 90 python3 -m convlab measure lessons10_11 \
                        --only l11_depthwise_block --prefix h200 --out "$W/res" ;;
