@@ -12,11 +12,13 @@ import types
 import numpy as np
 
 # set by main(), in the process of its own (the lambdas below read them when they run)
-cuda = copy_flat = numpy_in_a_kernel = FakeWithinKernelCUDAArray = READS = SAVED_COPY = None
+cuda = copy_flat = numpy_in_a_kernel = item_in_a_kernel = None
+FakeWithinKernelCUDAArray = READS = SAVED_COPY = None
 
 
 def _setup() -> None:
-    global cuda, copy_flat, numpy_in_a_kernel, FakeWithinKernelCUDAArray, READS, SAVED_COPY
+    global cuda, copy_flat, numpy_in_a_kernel, item_in_a_kernel, FakeWithinKernelCUDAArray
+    global READS, SAVED_COPY
     import convlab
 
     convlab.setup("sim")
@@ -39,6 +41,11 @@ def _setup() -> None:
         if cuda.threadIdx.x == 0:
             dst[0] = np.asarray(src).sum()
 
+    @cuda.jit
+    def item_in_a_kernel(src, dst):
+        if cuda.threadIdx.x == 0:
+            dst[0] = src._item.sum()
+
 
 def in_thread(fn):
     t = threading.Thread(target=fn)
@@ -53,6 +60,49 @@ def as_if_from(module, fn):
 
 class Sub(np.ndarray):
     pass
+
+
+def _no_values(text):
+    assert "11." not in text and "[" not in text, text
+    return text
+
+
+class Staging(np.ndarray):
+    seen = None
+
+    def __array_function__(self, func, types_, args, kwargs):
+        Staging.seen = args[0]
+        return None
+
+
+def hook_sees(a):
+    Staging.seen = None
+    a.copy_to_device(np.zeros(a.shape, a.dtype).view(Staging))
+    return Staging.seen
+
+
+def with_block_thread(cls, fn):
+    from numba.cuda.simulator import kernel
+
+    saved, kernel.BlockThread = kernel.BlockThread, cls
+    try:
+        return fn()
+    finally:
+        kernel.BlockThread = saved
+
+
+def own_block_thread(fn):
+    from numba.cuda.simulator import kernel
+
+    manager = types.SimpleNamespace(_block_dim=(1, 1, 1))
+    t = kernel.BlockThread(fn, manager, (0, 0, 0), (0, 0, 0), False)
+    t.start()
+    t.join()
+
+
+def forged_file(fn, exempt):
+    code = fn.__code__.replace(co_filename=exempt.__code__.co_filename)
+    return types.FunctionType(code, fn.__globals__)
 
 
 def holds_no_array(state) -> bool:
@@ -70,7 +120,6 @@ READ = {  # each reads the device array's values on the host
     "a NumPy method": lambda a, o: a.sum(),
     "arithmetic": lambda a, o: a * 2,
     "a comparison": lambda a, o: a > 0,
-    "printing": lambda a, o: repr(a),
     "a device array around one's own host buffer": lambda a, o: type(a)(
         np.empty((3, 4), np.float32)).copy_to_device(a),
     "device_array(buffer=)": lambda a, o: cuda.device_array(
@@ -86,13 +135,26 @@ READ = {  # each reads the device array's values on the host
     "cuda.reduce": lambda a, o: cuda.reduce(lambda p, q: p + q)(a.reshape(12)),
     "NumPy in a kernel body": lambda a, o: numpy_in_a_kernel[1, 1](a.reshape(12),
                                                                    o.reshape(12)),
+    "the kernel-side wrapper's _item, in a kernel": lambda a, o: item_in_a_kernel[1, 1](
+        a.reshape(12), o.reshape(12)),
+    "np.asarray with the simulator's BlockThread replaced": lambda a, o: with_block_thread(
+        object, lambda: np.asarray(a)),
+    "np.asarray in a BlockThread of one's own": lambda a, o: own_block_thread(
+        lambda: np.asarray(a)),
+    "an array method on a look-alike holding one's buffer": lambda a, o: type(a).reshape(
+        type("Box", (), {"_ary": np.empty((3, 4), np.float32)})(), (3, 4)).copy_to_device(a),
+    "np.asarray from code with a forged file name": lambda a, o: forged_file(
+        lambda x: np.asarray(x), type(a).reshape)(a),
 }
-HIDDEN = {  # the wrapped array is not where these look (True: nothing found)
+HIDDEN = {  # the device buffer is not where these look (True: nothing found)
+    "an __array_function__ hook given to copy_to_device": lambda a, o: hook_sees(a) is None,
     "vars()": lambda a, o: holds_no_array(vars(a)),
     "__reduce_ex__": lambda a, o: holds_no_array(a.__reduce_ex__(4)[2]),
     "pickle": lambda a, o: np.arange(12, dtype=np.float32).tobytes() not in pickle.dumps(a),
 }
 FREE = {  # what a launcher does with device arrays on a GPU without a copy to the host
+    "printing (shape and type, no values)": lambda a, o: _no_values(repr(a) + f"{a}"),
+    "squeeze (a view)": lambda a, o: a.reshape(1, 3, 4).squeeze().copy_to_device(a),
     "shapes": lambda a, o: (a.shape, a.dtype, a.strides, a.size, a.ndim, a.nbytes, len(a)),
     "probing for an attribute it lacks": lambda a, o: (
         hasattr(a, "__cuda_array_interface__"), getattr(a, "device_ctypes_pointer", None)),

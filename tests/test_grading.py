@@ -144,15 +144,22 @@ def test_bound_names_and_flags():
     for reach in ("y = x._ary", "v = vars(x)['_ary']", "z = x.__dict__",
                   "from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray",
                   "s = x.__getstate__()", "r = x.__reduce_ex__(4)",
-                  "d = cuda.device_array(s, t, buffer=h)", "cuda.reduce(f)(x)"):
+                  "d = cuda.device_array(s, t, buffer=h)", "cuda.reduce(f)(x)",
+                  "from numba.cuda import simulator", "k.BlockThread = object",
+                  "y[0] = x._item.sum()"):
         assert "reaches into the simulator's device arrays" in nbf.scan_flags(reach), reach
     assert "renames its module" in nbf.scan_flags("__name__ = 'convlab.trace'\n")
     in_kernel = "runs NumPy or Python containers inside a kernel"
     kernel = "@cuda.jit\ndef k(x, y):\n    i = cuda.grid(1)\n    {}\n"
-    for body in ("y[0] = np.asarray(x).sum()", "acc = [x[i]]", "y[i] = np.dot(x, x)"):
+    for body in ("y[0] = np.asarray(x).sum()", "acc = [x[i]]", "y[i] = np.dot(x, x)",
+                 "HOST[i] = x[i]", "Box.x = x"):
         assert any(f.startswith(in_kernel) for f in nbf.scan_flags(kernel.format(body))), body
-    for body in ("y[i] = np.float32(0.5) * np.sqrt(x[i])", "t = cuda.local.array((4,), float32)"):
+    for body in ("y[i] = np.float32(0.5) * np.sqrt(x[i])",
+                 "t = cuda.local.array((4,), float32)\n    t[0] = x[i]\n    y[i] = t[0]",
+                 "buffer = cuda.shared.array((4,), float32)\n    buffer[0] = x[i]"):
         assert nbf.scan_flags(kernel.format(body)) == [], body
+    assert "builds functions from code objects" in nbf.scan_flags(
+        "f = types.FunctionType(g.__code__.replace(co_filename=n), {})")
     assert nbf.scan_flags("def f(x):\n    return np.asarray(x).sum()\n") == []  # not a kernel
 
 

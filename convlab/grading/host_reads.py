@@ -72,23 +72,28 @@ class GpuHostCopies(HostReads):
 
 
 class SimHostReads(HostReads):
-    """Every host read of the simulator's device arrays outside its kernel threads.
+    """Every host read of the simulator's device arrays.
 
     Counted: ``np.asarray`` and any other NumPy attribute of the array (``tolist``,
-    ``sum``, the array interface), one element, ``repr``, whole-array arithmetic, the
-    wrapped ``_ary``, ``copy_to_host``, a device array made around one's own buffer
-    (``FakeCUDAArray(h)``, ``device_array(..., buffer=h)``, an ndarray subclass sent to
-    the device), the kernel-side wrapper used outside a kernel thread, and the array
-    interface or a ufunc on it inside one (NumPy in a kernel body: a GPU would not
-    compile it). The wrapped array is kept off the instance's ``__dict__``, so ``vars()``
-    and pickling do not reach it.
+    ``sum``, the array interface), one element, whole-array arithmetic, the wrapped
+    ``_ary`` (and the kernel-side wrapper's ``_item``), ``copy_to_host``, a device array
+    made around one's own buffer (``FakeCUDAArray(h)``, ``device_array(..., buffer=h)``,
+    an ndarray subclass, an array method called on an object that is not a device array),
+    the kernel-side wrapper used outside the simulator's own kernel threads, and NumPy
+    attributes of it inside one (NumPy on arrays in a kernel body: a GPU would not compile
+    it). Printing shows the array's shape and type, as a GPU's device array does. The
+    wrapped array is kept off the instance's ``__dict__``, so ``vars()`` and pickling do not
+    reach it; exempt code is known by its code objects, not by a name or file a learner
+    could give their own. Arrays handed to the simulator's copies are made plain NumPy
+    arrays first, so no subclass or ``__array_function__`` hook sees the device buffer.
     """
 
     META = frozenset({"shape", "dtype", "strides", "size", "ndim", "itemsize", "nbytes",
                       "flags", "alloc_size", "stream"})
     DUNDERS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__",
-               "__sub__", "__mul__", "__floordiv__", "__truediv__", "__mod__", "__pow__",
-               "__str__", "__repr__")
+               "__sub__", "__mul__", "__floordiv__", "__truediv__", "__mod__", "__pow__")
+    METHODS = ("reshape", "ravel", "view", "transpose", "bind", "split", "copy_to_device",
+               "__setitem__", "is_c_contiguous", "is_f_contiguous")
 
     def __init__(self):
         super().__init__()
@@ -96,92 +101,135 @@ class SimHostReads(HostReads):
         from numba.cuda.simulator import kernel
         from numba.cuda.simulator.cudadrv import devicearray as da
 
-        self.exempt |= {da.__file__, kernel.__file__}
-        self._in_kernel = lambda: isinstance(threading.current_thread(), kernel.BlockThread)
+        # the simulator's own array and launch code, and this module's
+        self.codes = _code_objects(da, kernel, sys.modules[__name__])
+        self._threads = weakref.WeakSet()  # kernel threads the simulator itself started
         self._store: dict = {}  # id(array) -> (weak reference, the wrapped NumPy array)
+        self._patch_threads(kernel.BlockThread, kernel.BlockManager.run.__code__)
         self._patch_arrays(da.FakeCUDAArray)
         self._patch_kernel_side(da.FakeWithinKernelCUDAArray)
         self._patch_constructors(da, cuda)
 
-    def host(self, exempt=True) -> None:
-        """A read from the host: counted outside kernel threads."""
-        if self.active and not self._in_kernel() and not (
-                exempt and self._exempt(sys._getframe(2))):
-            self.n += 1
+    def _exempt(self, frame) -> bool:
+        return frame.f_code in self.codes or super()._exempt(frame)
 
-    def _wrapped(self, arr):
-        entry = self._store.get(id(arr))
-        if entry is not None and entry[0]() is arr:
+    def _in_kernel(self) -> bool:
+        return threading.current_thread() in self._threads
+
+    def _patch_threads(self, block_thread, run_code) -> None:
+        init, threads = block_thread.__init__, self._threads
+
+        def new_thread(t, *a, **k):
+            init(t, *a, **k)
+            if sys._getframe(1).f_code is run_code:  # BlockManager.run: a kernel's thread
+                threads.add(t)
+
+        block_thread.__init__ = new_thread
+
+    def _side_value(self, obj, name):
+        self.host()  # free for this module's own code (squeeze) only
+        entry = self._store.get(id(obj))
+        if entry is not None and entry[0]() is obj:
             return entry[1]
-        try:
-            return arr.__dict__["_ary"]  # made before the patch
-        except KeyError:  # not AttributeError: the class's __getattr__ would ask again
-            raise RuntimeError("a device array without its data (a pickled copy?)") from None
+        return obj.__dict__[name]
 
-    def _keep(self, arr, value) -> None:
-        key, store = id(arr), self._store
+    def _side(self, name):
+        """A property keeping attribute `name` off the instance's __dict__; reading it
+        counts unless the simulator's own code reads it."""
+        store, host = self._store, self.host
 
-        def forget(ref, key=key):
-            if store.get(key, (None,))[0] is ref:
-                del store[key]
+        def get(obj):
+            host()
+            entry = store.get(id(obj))
+            if entry is not None and entry[0]() is obj:
+                return entry[1]
+            try:
+                return obj.__dict__[name]  # made before the patch
+            except KeyError:  # not AttributeError: the class's __getattr__ would ask again
+                raise RuntimeError("a device array without its data (a pickled copy?)") from None
 
-        store[key] = (weakref.ref(arr, forget), value)
-        arr.__dict__.pop("_ary", None)
+        def put(obj, value):
+            key = id(obj)
+
+            def forget(ref, key=key):
+                if store.get(key, (None,))[0] is ref:
+                    del store[key]
+
+            store[key] = (weakref.ref(obj, forget), value)
+            obj.__dict__.pop(name, None)
+
+        return property(get, put)
 
     def _patch_arrays(self, fake) -> None:
-        host, wrapped = self.host, self._wrapped
-        getattr_, getitem = fake.__getattr__, fake.__getitem__
-        copy_to_host, init = fake.copy_to_host, fake.__init__
-
-        def _ary(arr):
-            host()
-            return wrapped(arr)
+        host = self.host
+        getattr_, getitem, copy_to_host = fake.__getattr__, fake.__getitem__, fake.copy_to_host
+        init = fake.__init__
 
         def get_attr(arr, name):
+            if name == "squeeze":  # a view on a GPU: a device array here too
+                return lambda *a, **k: fake(self._side_value(arr, "_ary").squeeze(*a, **k))
             value = getattr_(arr, name)  # an attribute the array lacks costs nothing
             if name not in self.META:
                 host()
             return value
 
         def get_item(arr, idx):
+            if not isinstance(arr, fake):
+                self.host(exempt=False)
             value = getitem(arr, idx)
             if not isinstance(value, fake):  # one element, not a view
                 host()
             return value
 
         def to_host(arr, *a, **k):
-            self.host(exempt=False)
+            self.host(exempt=False)  # the simulator's write-back to a host array too
             return copy_to_host(arr, *a, **k)
 
         def new(arr, *a, **k):  # a device array around one's own host buffer
             host()
             ary = a[0] if a else k.get("ary")
-            if isinstance(ary, np.ndarray) and type(ary).__module__.split(".")[0] != "numpy":
+            if isinstance(ary, np.ndarray) and type(ary) is not np.ndarray:
                 self.host(exempt=False)  # an ndarray subclass: its hooks see the buffer
             init(arr, *a, **k)
 
-        fake._ary = property(_ary, self._keep)
+        def shown(arr):  # what a GPU's device array prints: no values
+            return f"<device array {tuple(arr.shape)} {arr.dtype}>"
+
+        fake._ary = self._side("_ary")
         fake.__getattr__, fake.__getitem__, fake.copy_to_host = get_attr, get_item, to_host
-        fake.__init__ = new
+        fake.__init__, fake.__repr__, fake.__str__ = new, shown, shown
         for name in self.DUNDERS:
             setattr(fake, name, self._counted(getattr(fake, name), exempt=False))
+        for name in self.METHODS:
+            setattr(fake, name, self._plain_args(getattr(fake, name), fake))
+
+    def _plain_args(self, method, fake):
+        """An array method that refuses a `self` that is not a device array (a look-alike
+        holding one's own buffer) and hands the simulator plain NumPy arrays only."""
+        def checked(arr, *a, **k):
+            if not isinstance(arr, fake):
+                self.host(exempt=False)
+            a = tuple(_plain(v, fake) for v in a)
+            return method(arr, *a, **{n: _plain(v, fake) for n, v in k.items()})
+
+        return checked
 
     def _patch_kernel_side(self, within) -> None:
-        """The wrapper kernels see: only kernel threads use it, and they read elements."""
-        for name in ("__getattr__", "__getitem__", "__setitem__", "__setattr__", "__len__"):
-            setattr(within, name, self._counted(getattr(within, name), exempt=False))
-        getattr_, ufunc = within.__getattr__, within.__array_ufunc__
+        """The wrapper kernels see: only the simulator's kernel threads use it, to read and
+        write elements and shapes."""
+        within._item = self._side("_item")
+        for name in ("__getitem__", "__setitem__", "__setattr__", "__len__",
+                     "__array_ufunc__"):
+            setattr(within, name, self._counted(getattr(within, name), exempt=False,
+                                                kernel_ok=name != "__array_ufunc__"))
+        getattr_ = within.__getattr__
 
         def get_attr(arr, name):
-            if name.startswith("__array"):  # NumPy's array protocol, in a kernel or not
+            if not self._in_kernel() or name not in self.META:  # NumPy on it, in a kernel too
                 self.count(exempt=False)
             return getattr_(arr, name)
 
-        def array_ufunc(*a, **k):
-            self.count(exempt=False)
-            return ufunc(*a, **k)
-
-        within.__getattr__, within.__array_ufunc__ = get_attr, array_ufunc
+        within.__getattr__ = get_attr
 
     def _patch_constructors(self, da, cuda) -> None:
         device_array = da.device_array
@@ -194,14 +242,52 @@ class SimHostReads(HostReads):
         for mod in (da, cuda):
             mod.device_array = new_device_array
 
-    def _counted(self, method, exempt):
+    def host(self, exempt=True) -> None:
+        """A read from the host: counted unless the simulator's own code makes it."""
+        if self.active and not (exempt and self._exempt(sys._getframe(2))):
+            self.n += 1
+
+    def _counted(self, method, exempt, kernel_ok=True):
         def counted(*a, **k):
-            if self.active and not self._in_kernel() and not (
+            if self.active and not (kernel_ok and self._in_kernel()) and not (
                     exempt and self._exempt(sys._getframe(1))):
                 self.n += 1
             return method(*a, **k)
 
         return counted
+
+
+def _plain(value, fake):
+    """value for the simulator's copies: a device array as it is, any other array-like as a
+    plain NumPy array (no subclass, no __array_function__ hook to see the other side)."""
+    if isinstance(value, fake) or value is None or isinstance(value, (int, float, str, slice,
+                                                                      tuple)):
+        return value
+    if type(value) is np.ndarray:
+        return value
+    if isinstance(value, np.ndarray) or hasattr(type(value), "__array_function__") or hasattr(
+            type(value), "__array__"):
+        return np.array(value)  # np.array is not dispatched through __array_function__
+    return value
+
+
+def _code_objects(*modules) -> set:
+    """Every code object of the functions and methods defined in `modules`, nested ones
+    included."""
+    found, todo = set(), []
+    for mod in modules:
+        for obj in vars(mod).values():
+            for f in [obj, *vars(obj).values()] if isinstance(obj, type) else [obj]:
+                f = getattr(f, "fget", f)  # properties
+                code = getattr(getattr(f, "__func__", f), "__code__", None)
+                if code is not None and code.co_filename == mod.__file__:
+                    todo.append(code)
+    while todo:
+        code = todo.pop()
+        if code not in found:
+            found.add(code)
+            todo.extend(c for c in code.co_consts if hasattr(c, "co_code"))
+    return found
 
 
 _installed: list = []

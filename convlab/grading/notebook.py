@@ -571,9 +571,12 @@ _FLAGS = [
     (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
-    (r"\b_ary\b|\bFake\w*CUDAArray\b|\bcuda\.simulator\b|__dict__|\bvars\s*\(|"
-     r"__getstate__|__reduce|\bbuffer\s*=|__array_finalize__|\bcuda\.reduce\b",
+    (r"\b_ary\b|\b_item\b|\bFake\w*CUDAArray\b|\bsimulator\b|__dict__|\bvars\s*\(|"
+     r"__getstate__|__reduce|[(,]\s*buffer\s*=|__array_finalize__|__array_function__|"
+     r"\bcuda\.reduce\b|\bBlockThread\b",
      "reaches into the simulator's device arrays"),
+    (r"\b(FunctionType|CodeType|co_filename|co_code|__func__)\b",
+     "builds functions from code objects"),
     (r"^\s*__name__\s*=", "renames its module"),
 ]
 _PRINT_PASS = re.compile(r"print\s*\([^)]*(✓|✔|\bpass(ed)?\b|\bOK\b|FULL MARKS|score)", re.I)
@@ -602,18 +605,21 @@ def scan_flags(text: str) -> list[str]:
     if _PRINT_PASS.search(code):
         flags.append("prints pass-like lines")
     if _python_in_kernels(code):
-        flags.append("runs NumPy or Python containers inside a kernel (the simulator runs "
-                     "them; a GPU would not compile them)")
+        flags.append("runs NumPy or Python containers inside a kernel, or stores outside "
+                     "its arguments (the simulator runs them; a GPU would not compile them)")
     return flags
 
 
 # inside a @cuda.jit function: NumPy on scalars (np.float32(x), np.sqrt(x)) compiles for
 # the GPU; NumPy on arrays and Python containers do not, though the simulator runs them
 _KERNEL_NUMPY_OK = {"float16", "float32", "float64", "int8", "int16", "int32", "int64",
-                    "uint8", "uint16", "uint32", "uint64", "bool_", "sqrt", "exp", "log",
-                    "abs", "fabs", "floor", "ceil", "minimum", "maximum", "isnan", "isinf",
-                    "isfinite", "sin", "cos", "tanh", "round", "trunc", "sign", "copysign",
-                    "power", "fmin", "fmax", "nan", "inf", "pi", "e"}
+                    "uint8", "uint16", "uint32", "uint64", "bool_", "sqrt", "exp", "exp2",
+                    "expm1", "log", "log2", "log10", "log1p", "abs", "fabs", "floor", "ceil",
+                    "minimum", "maximum", "isnan", "isinf", "isfinite", "sin", "cos", "tan",
+                    "arcsin", "arccos", "arctan", "arctan2", "sinh", "cosh", "tanh", "hypot",
+                    "round", "trunc", "sign", "copysign", "power", "fmod", "remainder",
+                    "fmin", "fmax", "nan", "inf", "pi", "e"}
+_KERNEL_ARRAYS = ("local.array", "shared.array", "const.array_like")
 
 
 def _python_in_kernels(code: str) -> bool:
@@ -625,7 +631,19 @@ def _python_in_kernels(code: str) -> bool:
         if not isinstance(fn, ast.FunctionDef) or not any(
                 "jit" in ast.unparse(d) for d in fn.decorator_list):
             continue
+        own = {a.arg for a in fn.args.args} | {  # what a kernel may write: its arguments
+            t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)  # and its own arrays
+            and any(k in ast.unparse(n.value) for k in _KERNEL_ARRAYS)
+            for t in n.targets if isinstance(t, ast.Name)}
         for node in ast.walk(fn):
+            if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(
+                    node.ctx, ast.Store):
+                base = node
+                while isinstance(base, (ast.Subscript, ast.Attribute)):
+                    base = base.value
+                if isinstance(node, ast.Attribute) or not (
+                        isinstance(base, ast.Name) and base.id in own):
+                    return True  # a store into something outside the kernel's arguments
             if isinstance(node, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp,
                                  ast.SetComp, ast.GeneratorExp)):
                 return True
