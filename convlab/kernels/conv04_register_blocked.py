@@ -1,12 +1,13 @@
 """Ladder step 4: the tiled kernel of step 3 with register blocking.
 
-Step 3 gives each thread one output pixel for KPT filters: per tap it reads one input
-value and KPT/4 128-bit filter vectors from shared memory for KPT multiply-adds. Here a
-thread computes PIX output *rows* of its column for the same KPT filters: a PIX x KPT
-block of sums held in registers, updated in outer-product form (PIX input values times
-KPT filter values per tap):
+Step 3 gives each thread one output pixel for one filter (its default, KPT = 1): per tap
+it reads one input value and one filter value from shared memory for one multiply-add.
+Here a thread computes PIX output *rows* of its column for KPT filters: a PIX x KPT block
+of sums held in registers, updated in outer-product form (PIX input values times KPT
+filter values per tap):
 
-- one filter vector read from shared memory now feeds PIX pixels instead of one;
+- one filter value read from shared memory (four at once: KPT/4 128-bit vectors) now
+  feeds PIX pixels instead of one, and one input value KPT filters;
 - at stride 1 the PIX rows' input windows overlap: an R-tap column needs PIX + R - 1
   input values, not PIX * R; the loops run over compile-time sizes, so they unroll and
   the compiler reads each shared value once and reuses it from a register;

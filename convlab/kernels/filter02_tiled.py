@@ -44,7 +44,7 @@ from ._launch import Unsupported, ceil_div, configured, launcher, remember
 # thread, PAD extra floats per shared-memory row (for the bank-conflict experiments).
 # Chosen by the H200 sweep (`python -m convlab measure 06`; results in
 # convlab/results/h200_lessons04_06.json): 40.1 us of GPU time on a 4096 x 4096 image,
-# 89.5% of the measured copy bandwidth; the pipelined variants were slower (48-62 us).
+# 79.8% of the copy bandwidth measured in that run; the pipelined variants were slower.
 TILE = dict(tx=32, ty=8, v=8, pad=0)
 
 _CACHE: dict = {}

@@ -8,7 +8,8 @@ then, for each of the 8 k's, a thread reads 8 values of A and 8 of B and does 64
 
 What this version leaves on the table (the next steps fix it, lessons 08-09):
 - the A slab is stored as it sits in memory, ``As[m, k]``: a thread's 8 A values are
-  a column, 8 separate 32-bit loads, and 8 threads of a warp hit the same bank;
+  a column, 8 separate 32-bit loads, and the warp's reads of it conflict (2-way for A,
+  whose 16 threads of a row share addresses, 4-way for B: 3 on average, lesson 07's trace);
 - the indices come from ``tid % 16`` and ``tid // 16``: Numba cannot prove them
   non-negative, keeps Python's wrap-around code, and no load becomes 128 bits wide;
 - one shared buffer: the block waits for the global loads of every slab.

@@ -189,8 +189,8 @@ def conv_ladder(ctx, prob, tiles, nhwc=False) -> dict:
     default = "x".join(map(str, conv03_tiled.fit_tile(*prob.out_shape[2:])))
     impls = [bench.launcher_impl("naive", conv01_naive.conv2d_naive, prob),
              bench.launcher_impl("coalesced", conv02_coalesced.conv2d_coalesced, prob),
-             bench.launcher_impl(f"tiled (default: {default} k8 c8)", conv03_tiled.conv2d_tiled,
-                                 prob)]
+             bench.launcher_impl(f"tiled (default: {default} k{conv03_tiled.TILE['kpt']} "
+                                 f"c{conv03_tiled.TILE['cb']})", conv03_tiled.conv2d_tiled, prob)]
     impls += [bench.launcher_impl(tile_name(t), tiled_launcher(t), prob) for t in tiles]
     if nhwc:
         impls += [nhwc_impl("NHWC, threads on q", "pixels", prob),

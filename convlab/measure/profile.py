@@ -499,7 +499,8 @@ def table(result, rungs=None) -> str:
     """The profile as text: one line per rung (ladder order), its main kernel and numbers.
 
     Columns: registers per thread, achieved occupancy %, DRAM throughput % of peak and
-    MB moved, global-load sectors per request (L1) and L2 read sectors per request,
+    MB moved, global-load sectors per request (L1) and L2 read sectors per L2 request (not
+    per warp request: the L1 splits and merges requests on the way),
     shared-memory bank conflicts per load / store request, issue-slot utilisation %, and
     the top stall reason with its share of the stall reasons.
     """
@@ -510,7 +511,7 @@ def table(result, rungs=None) -> str:
     wr = max([4] + [len(n) for n in names])
     wk = min(28, max([6] + [len(rows[n]["kernel"]) for n in names if n in rows]))
     head = (f"{'rung':{wr}s} {'kernel':{wk}s} {'regs':>4s} {'occ%':>5s} {'DRAM%':>5s} "
-            f"{'DRAM MB':>8s} {'sect/req':>8s} {'L2 s/r':>6s} {'bank ld':>7s} {'bank st':>7s} "
+            f"{'DRAM MB':>8s} {'sect/req':>8s} {'s/L2 req':>8s} {'bank ld':>7s} {'bank st':>7s} "
             f"{'issue%':>6s}  top stall")
     lines = [f"Nsight Compute on {result.get('device', '?')}, {result.get('layer', '?')} "
              f"({result.get('date', '?')}, ncu {result.get('ncu') or '?'})", head]
@@ -527,7 +528,7 @@ def table(result, rungs=None) -> str:
             f"{n:{wr}s} {r['kernel'][:wk]:{wk}s} {_fmt(r.get('regs'), '4.0f')} "
             f"{_fmt(r.get('occupancy_pct'), '5.1f')} {_fmt(r.get('dram_pct'), '5.1f')} "
             f"{_fmt(mb, '8.1f')} {_fmt(r.get('sectors_per_request'), '8.2f')} "
-            f"{_fmt(r.get('l2_sectors_per_request'), '6.2f')} "
+            f"{_fmt(r.get('l2_sectors_per_request'), '8.2f')} "
             f"{_fmt(r.get('shared_ld_conflicts_per_request'), '7.2f')} "
             f"{_fmt(r.get('shared_st_conflicts_per_request'), '7.2f')} "
             f"{_fmt(r.get('issue_pct'), '6.1f')}  {stall}")
