@@ -260,9 +260,9 @@ class SimHostReads(HostReads):
 def _plain(value, fake):
     """value for the simulator's copies: a device array as it is, any other array-like as a
     plain NumPy array (no subclass, no __array_function__ hook to see the other side)."""
-    if isinstance(value, fake) or value is None or isinstance(value, (int, float, str, slice,
-                                                                      tuple)):
-        return value
+    if isinstance(value, (fake, np.generic, int, float, complex, str, slice, tuple)) or (
+            value is None or value is Ellipsis):
+        return value  # device arrays, scalars (a kernel's element stores) and indices
     if type(value) is np.ndarray:
         return value
     if isinstance(value, np.ndarray) or hasattr(type(value), "__array_function__") or hasattr(
