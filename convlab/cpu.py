@@ -10,10 +10,11 @@ Five versions of the same direct convolution, each one change away from the last
   innermost loop sweeps a whole output row, unit stride in x and y, so LLVM turns it
   into SIMD instructions.
 - `conv2d_blocked`: cache and register blocking: a task computes 4 filters × a tile of
-  output rows; each input value loaded is used by the 4 filters and the 3 taps of a
-  filter row, and the task's input rows and accumulators stay in L1.
-- `conv2d_blocked_flat`: the same, with each tile computed as one long row, so the SIMD
-  loop never ends in a scalar remainder (Q = 56 is 3.5 vectors of 16 floats).
+  output rows; the 3 loads of a q feed 12 multiply-adds (4 filters x 3 taps of a filter
+  row), and the task's accumulators stay in L1.
+- `conv2d_blocked_flat`: the same, with each tile computed as one long row: the SIMD
+  loop's step (vector width x unroll) divides a short row badly, so every row ends in a
+  narrower epilogue with its own loop setup; one long row pays that once per tile.
 
 All take and return NumPy arrays like `convlab.reference.conv2d`:
 ``fn(x, w, stride=1, padding=0, dilation=1, groups=1) -> y`` (float32, NCHW), and refuse
@@ -136,7 +137,7 @@ def _blocked_kernel(xp, w4, y, rows):
                     o0, o1 = acc[0, p - p0], acc[1, p - p0]
                     o2, o3 = acc[2, p - p0], acc[3, p - p0]
                     for q in range(Q):
-                        u, v, t = xrow[q], xrow[q + 1], xrow[q + 2]  # loaded once, used 12x
+                        u, v, t = xrow[q], xrow[q + 1], xrow[q + 2]  # 3 loads, 12 FMAs
                         o0[q] += a0 * u + a1 * v + a2 * t
                         o1[q] += b0 * u + b1 * v + b2 * t
                         o2[q] += c0 * u + c1 * v + c2 * t
@@ -149,7 +150,7 @@ def _blocked_kernel(xp, w4, y, rows):
 
 @njit(parallel=True, cache=True)
 def _blocked_flat_kernel(xpf, Wp, w4, y, rows):
-    """`_blocked_kernel` with each tile treated as ONE long row (no short rows, no remainders).
+    """`_blocked_kernel` with each tile treated as ONE long row (one epilogue per tile).
 
     xpf is the padded input with every plane flattened: (N, C, Hp·Wp). The accumulators of
     a tile use the input's row stride Wp, so output (p, q) of the tile sits at
@@ -257,7 +258,7 @@ def conv2d_blocked(x, w, stride=1, padding=0, dilation=1, groups=1, rows: int = 
 
 
 def conv2d_blocked_flat(x, w, stride=1, padding=0, dilation=1, groups=1, rows: int = 16):
-    """`conv2d_blocked` with every tile computed as one long row (no vector remainders).
+    """`conv2d_blocked` with every tile computed as one long row (one vector epilogue).
 
     Same specialization: stride 1, dilation 1, filters 3 wide.
     """
