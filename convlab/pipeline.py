@@ -491,7 +491,8 @@ def overlap_bound(decode_s: float, gpu_s: float) -> float:
 
 def copy_compute_overlap(nbytes: int = 64 << 20, spin_ms: float = 5.0) -> dict:
     """GPU time of a host->device copy and a kernel: in one stream, in two streams from
-    pinned memory, in two streams from pageable memory (CUDA events; ms)."""
+    pinned memory, in two streams from pageable memory, and each alone (the copy from pinned
+    and from pageable memory; CUDA events; ms)."""
     from .bench import require_gpu
     from .measure.timing import _kernels as measure_kernels
     from .measure.timing import _spin_ns_per_iter
@@ -527,15 +528,16 @@ def copy_compute_overlap(nbytes: int = 64 << 20, spin_ms: float = 5.0) -> dict:
             times.append(max(start.elapsed_time(end1), start.elapsed_time(end2)
                              if two else 0.0))
         res[label] = float(np.median(times[1:]))
-    t = []
-    for _ in range(3):
-        start, end = c.event(), c.event()
-        start.record()
-        dev.copy_to_device(pinned)
-        end.record()
-        end.synchronize()
-        t.append(start.elapsed_time(end))
-    res["copy alone"] = float(np.median(t))
+    for label, host in (("copy alone", pinned), ("pageable copy alone", pageable)):
+        t = []
+        for _ in range(3):
+            start, end = c.event(), c.event()
+            start.record()
+            dev.copy_to_device(host)
+            end.record()
+            end.synchronize()
+            t.append(start.elapsed_time(end))
+        res[label] = float(np.median(t))
     t = []
     for _ in range(3):
         start, end = c.event(), c.event()
