@@ -12,7 +12,8 @@
 # Numba GEMM ladder with gemm05_wide_loads' tiles beside cuBLAS, about 150 s), memory_bound
 # (the filter and both depthwise layers against the copy, up to 4 minutes with the window
 # kernels' compiles), memory_tests (the GPU tests of those kernels), depthwise_block
-# (lesson 11's MobileNet block, inputs rotating past the L2, into the stored lessons10_11 file),
+# (lesson 11's MobileNet block, inputs rotating past the L2, and lesson 10's copy/kernel
+# overlap with the pageable copy alone, into the stored lessons10_11 file),
 # precisions (lesson 12's library tables at each precision, launches queued, and the 12x check).
 set -u
 # the commit every stored result names: the caller's (the machine's git copy can be stale)
@@ -80,7 +81,7 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                   --only wmma_gemm,wmma_conv,throughput_ratio --prefix h200 --out "$W/res" ;;
     depthwise_block) cp convlab/results/h200_lessons10_11.json "$W/res/" 2>/dev/null  # joins it
                      TAIL=10 step depthwise_block 90 python3 -m convlab measure lessons10_11 \
-                       --only l11_depthwise_block --prefix h200 --out "$W/res" ;;
+                       --only l11_depthwise_block,l10_streams --prefix h200 --out "$W/res" ;;
     memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
                     tests/test_depthwise_cuda.py \
