@@ -63,6 +63,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARD = 64          # 16-bit guard words around every buffer
+# around the operands: more than any tile reads past their ends (a tile's rows x Kd), so a
+# copy past an operand lands in its own guard, never in the other operand, whose bounds
+# the emulator's copies accept (heap neighbours had let such a copy pass unseen)
+OPERAND_GUARD = 1 << 16
 OPT = "-Og"         # the runs are tiny: compile time dominates
 POISON = 0xFFFF     # NaN in fp16 and in bf16
 
@@ -595,8 +599,8 @@ class Emulator:
         after)."""
         m2 = load_module()
         s = self.specs[i]
-        wa, ia = _aligned(a.size)
-        wb, ib = _aligned(b.size)
+        wa, ia = _aligned(a.size, OPERAND_GUARD)
+        wb, ib = _aligned(b.size, OPERAND_GUARD)
         ia[:] = bits(a).ravel()
         ib[:] = bits(b).ravel()
         n_out = int(np.prod(out_shape)) * (1 if s.out_f16 else 2)
