@@ -528,25 +528,18 @@ def copy_compute_overlap(nbytes: int = 64 << 20, spin_ms: float = 5.0) -> dict:
             times.append(max(start.elapsed_time(end1), start.elapsed_time(end2)
                              if two else 0.0))
         res[label] = float(np.median(times[1:]))
-    for label, host in (("copy alone", pinned), ("pageable copy alone", pageable)):
+    for label, run in (("copy alone", lambda: dev.copy_to_device(pinned)),
+                       ("pageable copy alone", lambda: dev.copy_to_device(pageable)),
+                       ("kernel alone", lambda: spin[1, 1](buf, iters))):
         t = []
         for _ in range(3):
             start, end = c.event(), c.event()
             start.record()
-            dev.copy_to_device(host)
+            run()
             end.record()
             end.synchronize()
             t.append(start.elapsed_time(end))
         res[label] = float(np.median(t))
-    t = []
-    for _ in range(3):
-        start, end = c.event(), c.event()
-        start.record()
-        spin[1, 1](buf, iters)
-        end.record()
-        end.synchronize()
-        t.append(start.elapsed_time(end))
-    res["kernel alone"] = float(np.median(t))
     res["bytes"] = nbytes
     return res
 

@@ -9,9 +9,10 @@ arithmetic read it with no copy at all (`SimHostReads` counts those).
 Both are installed once, before any learner code runs (`install`, from the worker): the
 classes are patched for good, so no unpatched method exists for a learner to keep, and
 `HostReads.counting` switches counting on for one graded call. Code of the simulator's
-own array and launch modules and of `convlab.trace` is exempt (by file): launches, views,
-copies between device arrays and to the device cost nothing; a copy to the host always
-counts, the simulator's write-back of a host array passed to a kernel too. An in-process
+own array and launch modules (known by its code objects) and of `convlab.trace` (by its
+folder) is exempt: launches, views, copies between device arrays and to the device cost
+nothing; a copy to the host always counts, the simulator's write-back of a host array
+passed to a kernel too. An in-process
 check: it stops the offload written plainly, and the review flags
 (`notebook.scan_flags`) name the ways around it.
 """
@@ -50,8 +51,7 @@ class HostReads:
             self.n += 1
 
     def _exempt(self, frame) -> bool:
-        f = frame.f_code.co_filename
-        return f in self.exempt or os.path.dirname(f) in self.exempt
+        return os.path.dirname(frame.f_code.co_filename) in self.exempt
 
 
 class GpuHostCopies(HostReads):
@@ -61,14 +61,14 @@ class GpuHostCopies(HostReads):
         super().__init__()
         from numba.cuda.cudadrv import devicearray
 
-        for cls in (devicearray.DeviceNDArrayBase,):
-            original = cls.copy_to_host
+        base = devicearray.DeviceNDArrayBase
+        original = base.copy_to_host
 
-            def copy_to_host(arr, *a, _original=original, **k):
-                self.count()
-                return _original(arr, *a, **k)
+        def copy_to_host(arr, *a, **k):
+            self.count()
+            return original(arr, *a, **k)
 
-            cls.copy_to_host = copy_to_host
+        base.copy_to_host = copy_to_host
 
 
 class SimHostReads(HostReads):
@@ -126,20 +126,13 @@ class SimHostReads(HostReads):
 
         block_thread.__init__ = new_thread
 
-    def _side_value(self, obj, name):
-        self.host()  # free for this module's own code (squeeze) only
-        entry = self._store.get(id(obj))
-        if entry is not None and entry[0]() is obj:
-            return entry[1]
-        return obj.__dict__[name]
-
     def _side(self, name):
         """A property keeping attribute `name` off the instance's __dict__; reading it
         counts unless the simulator's own code reads it."""
-        store, host = self._store, self.host
+        store, count = self._store, self.count
 
         def get(obj):
-            host()
+            count()
             entry = store.get(id(obj))
             if entry is not None and entry[0]() is obj:
                 return entry[1]
@@ -161,35 +154,35 @@ class SimHostReads(HostReads):
         return property(get, put)
 
     def _patch_arrays(self, fake) -> None:
-        host = self.host
+        count = self.count
         getattr_, getitem, copy_to_host = fake.__getattr__, fake.__getitem__, fake.copy_to_host
         init = fake.__init__
 
         def get_attr(arr, name):
             if name == "squeeze":  # a view on a GPU: a device array here too
-                return lambda *a, **k: fake(self._side_value(arr, "_ary").squeeze(*a, **k))
+                return lambda *a, **k: fake(arr._ary.squeeze(*a, **k))  # this module: free
             value = getattr_(arr, name)  # an attribute the array lacks costs nothing
             if name not in self.META:
-                host()
+                count()
             return value
 
         def get_item(arr, idx):
             if not isinstance(arr, fake):
-                self.host(exempt=False)
+                self.count(exempt=False)
             value = getitem(arr, idx)
             if not isinstance(value, fake):  # one element, not a view
-                host()
+                count()
             return value
 
         def to_host(arr, *a, **k):
-            self.host(exempt=False)  # the simulator's write-back to a host array too
+            self.count(exempt=False)  # the simulator's write-back to a host array too
             return copy_to_host(arr, *a, **k)
 
         def new(arr, *a, **k):  # a device array around one's own host buffer
-            host()
+            count()
             ary = a[0] if a else k.get("ary")
             if isinstance(ary, np.ndarray) and type(ary) is not np.ndarray:
-                self.host(exempt=False)  # an ndarray subclass: its hooks see the buffer
+                self.count(exempt=False)  # an ndarray subclass: its hooks see the buffer
             init(arr, *a, **k)
 
         def shown(arr):  # what a GPU's device array prints: no values
@@ -208,7 +201,7 @@ class SimHostReads(HostReads):
         holding one's own buffer) and hands the simulator plain NumPy arrays only."""
         def checked(arr, *a, **k):
             if not isinstance(arr, fake):
-                self.host(exempt=False)
+                self.count(exempt=False)
             a = tuple(_plain(v, fake) for v in a)
             return method(arr, *a, **{n: _plain(v, fake) for n, v in k.items()})
 
@@ -242,16 +235,10 @@ class SimHostReads(HostReads):
         for mod in (da, cuda):
             mod.device_array = new_device_array
 
-    def host(self, exempt=True) -> None:
-        """A read from the host: counted unless the simulator's own code makes it."""
-        if self.active and not (exempt and self._exempt(sys._getframe(2))):
-            self.n += 1
-
     def _counted(self, method, exempt, kernel_ok=True):
         def counted(*a, **k):
-            if self.active and not (kernel_ok and self._in_kernel()) and not (
-                    exempt and self._exempt(sys._getframe(1))):
-                self.n += 1
+            if self.active and not (kernel_ok and self._in_kernel()):
+                self.count(exempt)
             return method(*a, **k)
 
         return counted

@@ -22,6 +22,8 @@ import stat
 
 import numpy as np
 
+from ..check.core import _to_host
+
 MAX_DEPTH = 16
 MAX_ITEMS = 100_000
 MAX_STR = 20_000
@@ -92,17 +94,10 @@ class Encoder:
             return {"d": [[k, self(x, depth + 1)] for k, x in v.items()]}
         if isinstance(v, np.generic):
             return self(v.item(), depth + 1)
-        if hasattr(v, "detach") and hasattr(v, "cpu"):  # a torch tensor, as the checkers take
-            return self(np.asarray(v.detach().cpu().numpy()), depth + 1)
-        if hasattr(v, "__array_interface__") or hasattr(v, "__cuda_array_interface__"):
-            return self(np.asarray(_host(v)), depth + 1)
+        if (hasattr(v, "detach") and hasattr(v, "cpu")) or hasattr(v, "__array_interface__") or (
+                hasattr(v, "__cuda_array_interface__")):  # torch, CuPy: as the checkers take them
+            return self(np.asarray(_to_host(v)), depth + 1)
         raise WireError(f"cannot send a value of type {type(v).__name__}")
-
-
-def _host(v):
-    if hasattr(v, "get") and not isinstance(v, np.ndarray):
-        return v.get()
-    return v
 
 
 def read_file(path, limit: int) -> bytes:

@@ -131,7 +131,7 @@ def call(n: int) -> None:
                 f"{counted.n} device-to-host copies of arrays inside the graded call: "
                 "the task asks for the work on the GPU (no copying to NumPy and back; under "
                 "the simulator, reading a device array on the host counts as a copy: "
-                "np.asarray, an element, printing it, arithmetic on the whole array)")})
+                "np.asarray, an element, arithmetic on the whole array)")})
         if req.get("trace"):
             trace_facts = facts(t)
     except Exception as e:  # noqa: BLE001  (the learner's error goes back to the grader)
