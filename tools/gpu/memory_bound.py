@@ -249,20 +249,9 @@ def depthwise_section(layer, copy, torch):
         srcs[i]))), 8 * M, copy, True, rotating_sets=nsets)
 
 
-def main():
-    _small_reference_agrees()
-    copy = bench.copy_bandwidth(repeat=5)
-    print(f"copy bandwidth (best D2D of 2 GiB): {copy:.0f} GB/s", flush=True)
-    torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
-    only = os.environ.get("ONLY", "filter,dw512,dw32").split(",")  # the sections to run
-    if "filter" in only:
-        filter_section(copy)
-    print(f"({time.time() - T0:.0f} s)", flush=True)
-    for layer in ("dw512", "dw32"):
-        if layer not in only:
-            continue
-        depthwise_section(layer, copy, torch)
-        print(f"({time.time() - T0:.0f} s)", flush=True)
+def save(copy):
+    """Write what has been measured so far (each section adds to it; a step cut off by its time
+    limit keeps the sections that finished)."""
     name = getattr(cuda.get_current_device(), "name", "unknown")
     env = ladder.environment()
     res = dict(environment=env,
@@ -276,6 +265,26 @@ def main():
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "h200_memory_bound.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
+    return out
+
+
+def main():
+    _small_reference_agrees()
+    copy = bench.copy_bandwidth(repeat=5)
+    print(f"copy bandwidth (best D2D of 2 GiB): {copy:.0f} GB/s", flush=True)
+    torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
+    only = os.environ.get("ONLY", "filter,dw512,dw32").split(",")  # the sections to run
+    if "filter" in only:
+        filter_section(copy)
+        save(copy)
+    print(f"({time.time() - T0:.0f} s)", flush=True)
+    for layer in ("dw512", "dw32"):
+        if layer not in only:
+            continue
+        depthwise_section(layer, copy, torch)
+        save(copy)
+        print(f"({time.time() - T0:.0f} s)", flush=True)
+    out = save(copy)
     print(f"\n{'section':6s} {'variant':44s} {'us':>8s} {'GB/s':>6s} {'% copy':>7s}")
     for r in TABLE:
         if r.get("ok"):
