@@ -427,3 +427,52 @@ def test_cuda_workspace_split_k_is_right_and_bitwise_reproducible(parts):
     assert all(np.array_equal(outs[0], o) for o in outs[1:])  # the same bits every run
     c = check.reference_case(cp.asnumpy(x), cp.asnumpy(w), padding=1)
     assert check.compare(outs[0], c["expected"], c["absref"], c["reduction"]).ok
+
+
+class _StrictReshape:
+    """A stand-in for Numba's device array where reshape refuses axes of length 1 whose
+    stride is not the C stride (stride 0 from `x[None]`), as numba-cuda's dummy array does;
+    indexing gives a view (tracked as `base`)."""
+
+    def __init__(self, data, base=None):
+        self.data, self.base = data, base
+
+    shape = property(lambda self: self.data.shape)
+    ndim = property(lambda self: self.data.ndim)
+
+    def reshape(self, n):
+        c_strides = np.cumprod((1,) + self.data.shape[:0:-1])[::-1] * self.data.itemsize
+        if any(s == 1 and st != cs for s, st, cs in zip(self.data.shape, self.data.strides,
+                                                       c_strides)):
+            raise NotImplementedError("operation requires copying")
+        return _StrictReshape(self.data.reshape(n), base=self)
+
+    def __getitem__(self, item):
+        return _StrictReshape(self.data[item], base=self)
+
+
+@pytest.mark.parametrize("index", [(None, None), (None,), (slice(None), None)])
+def test_flat_views_arrays_with_zero_stride_unit_axes(index):
+    rng = np.random.default_rng(5)
+    w = check.random_array((3, 5), rng)[index]  # shapes (1, 1, 3, 5), (1, 3, 5), (3, 1, 5)
+    a = _StrictReshape(w)
+    with pytest.raises(NotImplementedError):
+        a.reshape(15)
+    v = blk.flat(a)
+    assert v.shape == (15,) and np.array_equal(v.data, w.ravel())
+    assert np.shares_memory(v.data, w), "a copy, not a view"
+
+
+def test_flat_of_a_single_element():
+    a = _StrictReshape(np.full((1, 1, 1), 2.5, np.float32)[None])
+    assert blk.flat(a).shape == (1,) and blk.flat(a).data[0] == 2.5
+
+
+@pytest.mark.gpu
+def test_flat_of_a_device_array_made_from_x_none():
+    import numba.cuda as nc
+
+    w = check.random_array((3, 3), np.random.default_rng(6))
+    d = nc.to_device(w[None, None])
+    v = blk.flat(d)
+    assert v.shape == (9,) and np.array_equal(v.copy_to_host(), w.ravel())

@@ -226,7 +226,15 @@ def flat(a):
     hit = _FLAT.get(key)
     if hit is not None and hit[0]() is a:
         return hit[1]
-    view = a.reshape(int(np.prod(a.shape)))
+    n = int(np.prod(a.shape))
+    try:
+        view = a.reshape(n)
+    except NotImplementedError:
+        # Numba's device arrays refuse to reshape when an axis of length 1 has a stride other
+        # than the C stride, as `cuda.to_device(w[None])` gives (stride 0): index those axes
+        # away first (a view), then reshape what is left.
+        keep = [i for i, s in enumerate(a.shape) if s != 1] or [a.ndim - 1]
+        view = a[tuple(slice(None) if i in keep else 0 for i in range(a.ndim))].reshape(n)
     try:
         ref = weakref.ref(a, lambda _, k=key: _FLAT.pop(k, None))
     except TypeError:
