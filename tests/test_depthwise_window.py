@@ -5,8 +5,8 @@ taps), runs of 4 outputs that cross 14-float rows, 8, 2 and 1 outputs per thread
 16-byte build and the 4-byte one), 3x3, 5x5 and 3x5 filters, a last block past the end,
 NaN-poisoned outputs, against float64 `reference.conv2d` with groups = C; refusals. In a
 process compiling for the GPU (no GPU needed): the PTX loads the window in the 16-byte
-vectors `window_runs` counts, stores 16 bytes per four outputs, and keeps the window in
-registers (no local memory). On a GPU (marked gpu): the launcher against the reference.
+vectors `window_runs` counts, stores 16 bytes per four outputs, keeps the window in
+registers (no local memory) and its indices in 32 bits (no 64-bit compare or select). On a GPU (marked gpu): the launcher against the reference.
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ for H, v, wide in ((14, 4, True), (112, 4, True), (112, 8, True), (14, 4, False)
         assert not any(".v4" in ln for ln in loads + stores)
         assert len(loads) == vectors + 9 and len(stores) == v, (len(loads), len(stores))
     assert not any(".local" in ln for ln in lines), f"window in local memory: {H} {v} {wide}"
+    # indices stay 32-bit: Numba widens int32 arithmetic to 64 bits unless cast back (each
+    # 64-bit compare or select is two SASS instructions; this kernel's count doubled so)
+    wide_ops = [ln for ln in lines if ln.startswith(("setp.", "selp.")) and "64" in ln.split()[0]]
+    assert not wide_ops, (H, v, wide, len(wide_ops), wide_ops[:3])
 print("ptx ok")
 """
 

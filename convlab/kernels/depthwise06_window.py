@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import cuda, float32, int32, types
+from numba import cuda, float32, int32, types, uint32
 
 from ..runtime import is_simulator
 from ._blocking import flat, jit_options, unroll, unrolled
@@ -99,54 +99,68 @@ def make_kernel(H: int, W: int, R: int, S: int, C: int, v: int, wide: bool, thre
     TAP = tuple(base[r] + o + (r - PH) * W + (s - PW)
                 for o in range(v) for r in range(R) for s in range(S))
     VL = v // lw
+    WRAPS = (W - 1 + v - 1) // W  # rows an output can sit below its thread's first
     WIDE = wide
 
     def depthwise_window_kernel(x, w, y, total):
         # x, y: (N*C*H*W,), w: (C*R*S,), flattened; total = N*C*H*W < 2**31. Every
         # `unroll` loop is written out (`_blocking.unrolled`): window indices are constants.
-        t = int32(cuda.blockIdx.x) * int32(threads) + int32(cuda.threadIdx.x)
-        f0 = t * int32(v)
+        # Numba widens int32 arithmetic to 64 bits; every index is cast back to int32 (or
+        # divided as uint32) so that the compiler can keep it in one 32-bit register,
+        # and array indices are unsigned (no test for negative indices).
+        t = int32(int32(cuda.blockIdx.x) * int32(threads) + int32(cuda.threadIdx.x))
+        f0 = int32(t * int32(v))
         if f0 >= total:
             return
-        last = total // int32(lw) - int32(1)  # the last vector of x
-        # 1. every load of the thread, written before the first multiply-add
-        win = cuda.local.array(WIN, float32)
-        for j in unroll(NVEC):
-            i = min(max(t * int32(VL) + int32(VOFF[j]), int32(0)), last)  # clamped into x
-            if WIDE:
-                win[4 * j], win[4 * j + 1], win[4 * j + 2], win[4 * j + 3] = load4(x, i * 4)
-            else:
-                win[j] = x[i]
-        plane = f0 // int32(HW)
-        c = plane % int32(C)
+        last = int32(uint32(total) // uint32(lw) - uint32(1))  # the last vector of x
+        # 1. every load of the thread, written before the first multiply-add: the taps,
+        # then the window
+        plane = int32(uint32(f0) // uint32(HW))
+        c = int32(uint32(plane) % uint32(C))
         taps = cuda.local.array(RS, float32)
         for i in unroll(RS):
-            taps[i] = w[c * int32(RS) + int32(i)]
+            taps[i] = w[uint32(c * int32(RS) + int32(i))]
+        win = cuda.local.array(WIN, float32)
+        for j in unroll(NVEC):
+            i = min(max(int32(t * int32(VL) + int32(VOFF[j])), int32(0)), last)  # into x
+            if WIDE:
+                win[4 * j], win[4 * j + 1], win[4 * j + 2], win[4 * j + 3] = load4(
+                    x, int32(i * int32(4)))
+            else:
+                win[j] = x[uint32(i)]
         # 2. V outputs from registers, zero where a tap's row or column leaves the plane;
-        # the last filter row first, as depthwise05_window_cuda
-        pos0 = f0 - plane * int32(HW)
+        # the last filter row first, as depthwise05_window_cuda. One division per thread:
+        # output o sits at column q0 + o of row p0, wrapped into the rows below by compares
+        # and selects; the bounds tests are `&` of compares, not `and` (which branches).
+        pos0 = int32(f0 - plane * int32(HW))
+        p0 = int32(uint32(pos0) // uint32(W))
+        q0 = int32(pos0 - p0 * int32(W))
         out = cuda.local.array(v, float32)
         for o in unroll(v):
-            p = (pos0 + int32(o)) // int32(W)
-            q = (pos0 + int32(o)) - p * int32(W)
+            p = p0
+            q = int32(q0 + int32(o))
+            for _k in unroll(WRAPS):
+                wrap = q >= int32(W)
+                q = int32(q - int32(W)) if wrap else q
+                p = int32(p + int32(1)) if wrap else p
             acc = float32(0.0)
             for rr in unroll(R):
-                rok = p + int32(R - 1 - rr - PH) >= 0 and p + int32(R - 1 - rr - PH) < int32(H)
+                pr = int32(p + int32(R - 1 - rr - PH))
+                rok = (pr >= int32(0)) & (pr < int32(H))
                 for ss in unroll(S):
+                    qs = int32(q + int32(S - 1 - ss - PW))
+                    ok = rok & (qs >= int32(0)) & (qs < int32(W))
                     a = win[TAP[(o * R + R - 1 - rr) * S + S - 1 - ss]]
-                    if not (rok and q + int32(S - 1 - ss - PW) >= 0
-                            and q + int32(S - 1 - ss - PW) < int32(W)):
-                        a = float32(0.0)  # a select, no branch
-                    acc += taps[(R - 1 - rr) * S + S - 1 - ss] * a
+                    acc += taps[(R - 1 - rr) * S + S - 1 - ss] * (a if ok else float32(0.0))
             out[o] = acc
         # 3. V / 4 stores of 16 bytes, or V of 4
         if WIDE:
             for k in unroll(v // 4):
-                store4(y, f0 + 4 * k, out[4 * k], out[4 * k + 1], out[4 * k + 2],
+                store4(y, int32(f0 + int32(4 * k)), out[4 * k], out[4 * k + 1], out[4 * k + 2],
                        out[4 * k + 3])
             return
         for o in unroll(v):
-            y[f0 + o] = out[o]
+            y[uint32(f0 + int32(o))] = out[o]
 
     kernel = cuda.jit(unrolled(depthwise_window_kernel), **jit_options(threads, min_blocks))
     _CACHE[key] = kernel
