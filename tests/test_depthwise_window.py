@@ -6,7 +6,8 @@ taps), runs of 4 outputs that cross 14-float rows, 8, 2 and 1 outputs per thread
 NaN-poisoned outputs, against float64 `reference.conv2d` with groups = C; refusals. In a
 process compiling for the GPU (no GPU needed): the PTX loads the window in the 16-byte
 vectors `window_runs` counts, stores 16 bytes per four outputs, keeps the window in
-registers (no local memory) and its indices in 32 bits (no 64-bit compare or select). On a GPU (marked gpu): the launcher against the reference.
+registers (no local memory) and its indices in 32 bits (no 64-bit compare or select).
+On a GPU (marked gpu): the launcher against the reference.
 """
 
 from __future__ import annotations

@@ -443,7 +443,7 @@ class _StrictReshape:
     def reshape(self, n):
         c_strides = np.cumprod((1,) + self.data.shape[:0:-1])[::-1] * self.data.itemsize
         if any(s == 1 and st != cs for s, st, cs in zip(self.data.shape, self.data.strides,
-                                                       c_strides)):
+                                                       c_strides, strict=True)):
             raise NotImplementedError("operation requires copying")
         return _StrictReshape(self.data.reshape(n), base=self)
 
