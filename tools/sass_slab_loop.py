@@ -28,15 +28,16 @@ PTXAS = Path(nvidia.cuda_nvcc.__path__[0]) / "bin" / "ptxas"
 _INSTR = re.compile(r"/\*([0-9a-f]{4,5})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s]([^;]*);")
 
 
-def slab_loop(sass: str) -> list:
-    """Opcodes of the backward branch's body with the most HMMA."""
-    ins = [(int(a, 16), op, rest) for a, _, op, rest in _INSTR.findall(sass)]
+def slab_loop(sass: str, op: str = "HMMA") -> list:
+    """Opcodes of the backward branch's body with the most `op` (HMMA, or FFMA for the
+    fp32 kernels)."""
+    ins = [(int(a, 16), o, rest) for a, _, o, rest in _INSTR.findall(sass)]
     best = []
-    for addr, op, rest in ins:
-        m = re.search(r"0x([0-9a-f]+)", rest) if op == "BRA" else None
+    for addr, o, rest in ins:
+        m = re.search(r"0x([0-9a-f]+)", rest) if o == "BRA" else None
         if m and int(m.group(1), 16) < addr:
-            body = [o for a, o, _ in ins if int(m.group(1), 16) <= a <= addr]
-            if body.count("HMMA") > best.count("HMMA"):
+            body = [x for a, x, _ in ins if int(m.group(1), 16) <= a <= addr]
+            if body.count(op) > best.count(op):
                 best = body
     return best
 
