@@ -15,11 +15,12 @@ import importlib
 import pkgutil
 import re
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from sass_window_loads import cuda, sass_of  # noqa: E402, I001  (first: Numba for the GPU)
-from sass_slab_loop import slab_loop  # noqa: E402
+import convlab
+
+convlab.setup("gpu")  # Numba compiles PTX for the GPU (no GPU needed)
+from numba import cuda  # noqa: E402
+from sass import build, slab_loop  # noqa: E402
 
 import convlab.kernels  # noqa: E402
 
@@ -39,7 +40,7 @@ def report(name: str) -> str | None:
            if ln and ln[0].isalpha() and not ln.endswith(":")]
     wide = sum(WIDE.search(o) is not None and not o.startswith(("ld.param", "cvta", "mov"))
                for o in ops)
-    regs, sass = sass_of(ptx)
+    regs, _, sass = build(ptx)
     loop = collections.Counter(slab_loop(sass, "FFMA"))
     n = sum(loop.values())
     share = f"{100 * loop['FFMA'] / n:5.1f}%" if n else "    -"

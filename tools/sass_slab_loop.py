@@ -11,35 +11,15 @@ spills, the loop's length and its commonest instructions.
 """
 
 import collections
-import re
 import shutil
-import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import nvidia.cuda_nvcc
+from sass import build, slab_loop
 
 from convlab.kernels import mma02_gemm_conv_cuda as MM
 from convlab.kernels._nvrtc import nvrtc_ptx
-
-PTXAS = Path(nvidia.cuda_nvcc.__path__[0]) / "bin" / "ptxas"
-_INSTR = re.compile(r"/\*([0-9a-f]{4,5})\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s]([^;]*);")
-
-
-def slab_loop(sass: str, op: str = "HMMA") -> list:
-    """Opcodes of the backward branch's body with the most `op` (HMMA, or FFMA for the
-    fp32 kernels)."""
-    ins = [(int(a, 16), o, rest) for a, _, o, rest in _INSTR.findall(sass)]
-    best = []
-    for addr, o, rest in ins:
-        m = re.search(r"0x([0-9a-f]+)", rest) if o == "BRA" else None
-        if m and int(m.group(1), 16) < addr:
-            body = [x for a, x, _ in ins if int(m.group(1), 16) <= a <= addr]
-            if body.count(op) > best.count(op):
-                best = body
-    return best
 
 
 def main() -> int:
@@ -55,14 +35,7 @@ def main() -> int:
         text = Path(src).read_text() if src else MM.source()
         ptx = nvrtc_ptx(text, "mma_sync.cu", (), "compute_90a",
                         options=cfg.defines(CONV=0, BF16=0, OUT_F16=f16))
-        with tempfile.TemporaryDirectory() as d:
-            (Path(d) / "k.ptx").write_text(ptx)
-            r = subprocess.run([str(PTXAS), "-arch=sm_90a", "-v", str(Path(d) / "k.ptx"), "-o",
-                                str(Path(d) / "k.cubin")], capture_output=True, text=True)
-            sass = subprocess.run(["cuobjdump", "-sass", str(Path(d) / "k.cubin")],
-                                  capture_output=True, text=True).stdout
-        regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
-        spills = re.findall(r"(\d+) bytes spill", r.stderr)
+        regs, spills, sass = build(ptx, "sm_90a")
         loop = slab_loop(sass)
         top = ", ".join(f"{k} {v}" for k, v in collections.Counter(loop).most_common(6))
         print(f"{arg or '(GEMM_TOP, staged fp16)':34} regs {regs} spills {spills} "

@@ -11,40 +11,20 @@ window's vectors and the taps) and how many of them come before the first multip
 FFMA count.
 """
 
-import re
-import subprocess
-import tempfile
-from pathlib import Path
-
-import nvidia.cuda_nvcc
-
 import convlab
 
 convlab.setup("gpu")  # Numba compiles PTX for the GPU (no GPU needed)
 from numba import cuda  # noqa: E402
+from sass import build, opcodes, ptxas_version  # noqa: E402
 
 from convlab.kernels import depthwise05_window_cuda as D  # noqa: E402
 from convlab.kernels import depthwise06_window as D6  # noqa: E402
 from convlab.kernels._nvrtc import nvrtc_ptx  # noqa: E402
 
-PTXAS = Path(nvidia.cuda_nvcc.__path__[0]) / "bin" / "ptxas"
-_OP = re.compile(r"/\*[0-9a-f]{4,5}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)[.\s]")
 
-
-def sass_of(ptx: str) -> tuple[str, str]:
-    """(registers, SASS text) of PTX built by ptxas for sm_90."""
-    with tempfile.TemporaryDirectory() as d:
-        (Path(d) / "k.ptx").write_text(ptx)
-        r = subprocess.run([str(PTXAS), "-arch=sm_90", "-v", str(Path(d) / "k.ptx"), "-o",
-                            str(Path(d) / "k.cubin")], capture_output=True, text=True)
-        regs = re.search(r"Used (\d+) registers", r.stderr + r.stdout)
-        sass = subprocess.run(["cuobjdump", "-sass", str(Path(d) / "k.cubin")],
-                              capture_output=True, text=True, check=True).stdout
-    return regs.group(1) if regs else "?", sass
-
-
-def summary(label: str, regs: str, sass: str) -> str:
-    ops = _OP.findall(sass)
+def summary(label: str, ptx: str) -> str:
+    regs, _, sass = build(ptx)
+    ops = opcodes(sass)
     first = next(i for i, o in enumerate(ops) if o in ("FFMA", "FMUL"))
     ldg = [i for i, o in enumerate(ops) if o == "LDG"]
     return (f"{label}: {regs} registers, {len(ops)} instructions; {len(ldg)} LDG, "
@@ -52,18 +32,17 @@ def summary(label: str, regs: str, sass: str) -> str:
 
 
 def main() -> None:
-    ptxas = subprocess.run([str(PTXAS), "--version"], capture_output=True, text=True)
-    print("ptxas:", ptxas.stdout.strip().splitlines()[-1])
+    print("ptxas:", ptxas_version())
     print("CUDA C (depthwise05_window_cuda), V = 4, 256 threads:")
     for H, W, u in ((14, 14, 1), (112, 112, 1), (4096, 4096, 1), (14, 14, 2)):
         name = D.kernel_name(H, W, 3, 3, 4, 4, 256, 0, u)
         ptx = nvrtc_ptx(D.SOURCE_PATH.read_text(), "depthwise_window.cu", [name], "compute_90")
-        print(summary(f"  {H}x{W} u={u}", *sass_of(ptx)))
+        print(summary(f"  {H}x{W} u={u}", ptx))
     print("pure Numba (depthwise06_window), 16-byte build, 256 threads:")
     for H, v in ((14, 4), (112, 4), (112, 8), (4096, 4)):
         k = D6.make_kernel(H, H, 3, 3, 32, v, True, 256)
         ptx, _ = cuda.compile_ptx(k.py_func, D6.SIGNATURE, cc=(9, 0))
-        print(summary(f"  {H}x{H} V={v}", *sass_of(ptx)))
+        print(summary(f"  {H}x{H} V={v}", ptx))
 
 
 if __name__ == "__main__":
