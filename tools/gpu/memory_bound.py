@@ -70,6 +70,7 @@ ABOUT = ("The 3x3 filter on 4096^2 and the two depthwise layers (b32 512ch 14x14
          "the best D2D copy of 2 GiB.")
 T0 = time.time()
 TABLE = []
+OUT = os.environ.get("OUT", ".")  # where h200_memory_bound.json goes
 
 
 def queued(fn):
@@ -261,11 +262,9 @@ def save(copy):
                about=ABOUT, copy_gbps=copy,
                device=name.decode() if isinstance(name, bytes) else str(name),
                seconds=time.time() - T0, rows=TABLE)
-    out = os.environ.get("OUT", ".")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "h200_memory_bound.json"), "w") as f:
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, "h200_memory_bound.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
-    return out
 
 
 def main():
@@ -274,17 +273,14 @@ def main():
     print(f"copy bandwidth (best D2D of 2 GiB): {copy:.0f} GB/s", flush=True)
     torch = baselines.set_torch_precision("fp32") if baselines.torch_available() else None
     only = os.environ.get("ONLY", "filter,dw512,dw32").split(",")  # the sections to run
-    if "filter" in only:
-        filter_section(copy)
-        save(copy)
-    print(f"({time.time() - T0:.0f} s)", flush=True)
-    for layer in ("dw512", "dw32"):
-        if layer not in only:
-            continue
-        depthwise_section(layer, copy, torch)
-        save(copy)
-        print(f"({time.time() - T0:.0f} s)", flush=True)
-    out = save(copy)
+    sections = {"filter": lambda: filter_section(copy),
+                "dw512": lambda: depthwise_section("dw512", copy, torch),
+                "dw32": lambda: depthwise_section("dw32", copy, torch)}
+    for name, run in sections.items():
+        if name in only:
+            run()
+            save(copy)
+            print(f"({time.time() - T0:.0f} s)", flush=True)
     print(f"\n{'section':6s} {'variant':44s} {'us':>8s} {'GB/s':>6s} {'% copy':>7s}")
     for r in TABLE:
         if r.get("ok"):
@@ -301,7 +297,7 @@ def main():
         if best and same:
             print(f"best {sec}: {best['name']}: {best['pct_copy']:.1f}% of copy, "
                   f"{100 * best['gbps'] / same['gbps']:.1f}% of the same-bytes copy")
-    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {out}/h200_memory_bound.json")
+    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {OUT}/h200_memory_bound.json")
 
 
 if __name__ == "__main__":
