@@ -476,3 +476,29 @@ def test_flat_of_a_device_array_made_from_x_none():
     d = nc.to_device(w[None, None])
     v = blk.flat(d)
     assert v.shape == (9,) and np.array_equal(v.copy_to_host(), w.ravel())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ladder, name", [("conv", n) for n in ("naive", "coalesced", "tiled",
+                                                                  "register_blocked")]
+                         + [("depthwise", n) for n in ("direct", "smem")])
+def test_launchers_take_device_arrays_with_zero_stride_unit_axes(ladder, name):
+    """x and w made from `a[:, None]` (a unit axis of stride 0 on the device): numba-cuda's
+    reshape refuses them, so a launcher that flattens with `reshape` raises."""
+    import numba.cuda as nc
+
+    from convlab import reference
+    from convlab.kernels import CONV_LADDER, DEPTHWISE_LADDER
+
+    rng = np.random.default_rng(7)
+    x3 = check.random_array((2, 9, 11), rng)          # (N, H, W): C = 1 after [:, None]
+    w3 = check.random_array((3, 3, 3), rng)           # (K or C, R, S)
+    if ladder == "conv":
+        x, w, fn, groups = x3[:, None], w3[:, None], CONV_LADDER[name], 1
+    else:
+        x = np.ascontiguousarray(np.repeat(x3[:, None], 3, axis=1))
+        w, fn, groups = w3[:, None], DEPTHWISE_LADDER[name], 3
+    want = reference.conv2d(x, w, padding=1, groups=groups)
+    out = nc.to_device(np.full(want.shape, np.nan, np.float32))
+    fn(nc.to_device(x), nc.to_device(w), out, padding=1)
+    np.testing.assert_allclose(out.copy_to_host(), want, rtol=1e-5, atol=1e-5)

@@ -18,6 +18,7 @@ textbook version with 4-D indexing (``x[n, c, h, w]``):
 
 from numba import cuda, float32, int32, uint32
 
+from ._blocking import flat
 from ._launch import ceil_div, direct_launch_args, launcher
 
 THREADS = 128  # threads per block, along the P*Q output pixels of one plane
@@ -68,8 +69,7 @@ def conv2d_naive(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """One thread per output; neighbouring threads take neighbouring output rows."""
     p, args = direct_launch_args("conv2d_naive", x, w, out, stride, padding, dilation, groups)
     grid = launch_grid(p.N, p.K, p.P, p.Q)
-    make_kernel(p.R, p.S)[grid, THREADS](x.reshape(x.size), w.reshape(w.size),
-                                         out.reshape(out.size), *args)
+    make_kernel(p.R, p.S)[grid, THREADS](flat(x), flat(w), flat(out), *args)
     return out
 
 

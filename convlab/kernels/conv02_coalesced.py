@@ -7,6 +7,7 @@ x, 4 sectors of 32 bytes per request instead of 32. Nothing else changed.
 
 from numba import cuda, float32, int32, uint32
 
+from ._blocking import flat
 from ._launch import direct_launch_args, launcher
 from .conv01_naive import THREADS, launch_grid
 
@@ -52,8 +53,7 @@ def conv2d_coalesced(x, w, out, stride=1, padding=0, dilation=1, groups=1):
     """One thread per output; a warp covers 32 neighbouring outputs of one row."""
     p, args = direct_launch_args("conv2d_coalesced", x, w, out, stride, padding, dilation, groups)
     grid = launch_grid(p.N, p.K, p.P, p.Q)
-    make_kernel(p.R, p.S)[grid, THREADS](x.reshape(x.size), w.reshape(w.size),
-                                         out.reshape(out.size), *args)
+    make_kernel(p.R, p.S)[grid, THREADS](flat(x), flat(w), flat(out), *args)
     return out
 
 

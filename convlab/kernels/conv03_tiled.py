@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from ._blocking import SMEM_ALIGN, unroll, unrolled
+from ._blocking import SMEM_ALIGN, flat, unroll, unrolled
 from ._launch import Unsupported, ceil_div, direct_launch_args, launcher
 
 # Output channels per thread and input channels per shared-memory stage.
@@ -174,7 +174,7 @@ def launch(x, w, out, stride=1, padding=0, dilation=1, groups=1, *, tx=None, ty=
                           f"bytes of shared memory (limit {SHARED_LIMIT})")
     grid = (ceil_div(p.P, ty) * ceil_div(p.Q, tx), ceil_div(p.K, kpt), p.N)
     k = make_kernel(p.R, p.S, sh, sw, dh, dw, tx, ty, kpt, cb)
-    k[grid, (tx, ty)](x.reshape(x.size), w.reshape(w.size), out.reshape(out.size), *args)
+    k[grid, (tx, ty)](flat(x), flat(w), flat(out), *args)
     return out
 
 

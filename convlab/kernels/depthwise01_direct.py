@@ -320,7 +320,7 @@ def launch_3d(x, w, out, stride=1, padding=0, dilation=1, groups=None, v=None, t
     grid = (ceil_div(p.Q, tx), ceil_div(ceil_div(p.P, v), ty), ceil_div(NC, tz))
     u = np.uint32
     k[grid, (tx, ty, tz), stream](
-        x.reshape(x.size), w.reshape(w.size), out.reshape(out.size), u(p.C), u(p.H), u(p.W),
+        flat(x), flat(w), flat(out), u(p.C), u(p.H), u(p.W),
         u(p.P), u(p.Q), u(p.padding[0]), u(p.padding[1]), u(NC))
     return out
 
