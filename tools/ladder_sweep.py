@@ -21,30 +21,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from convlab import baselines, bench, check, ladder, problems  # noqa: E402
-from convlab.kernels import (  # noqa: E402
-    conv01_naive as c1,
-)
-from convlab.kernels import (
-    conv02_coalesced as c2,
-)
-from convlab.kernels import (
-    conv03_tiled as c3,
-)
-from convlab.kernels import (
-    conv04_register_blocked as c4,
-)
-from convlab.kernels import (
-    conv05_implicit_gemm as c5,
-)
-from convlab.kernels import (
-    conv06_implicit_gemm_double_buffered as c6,
-)
-from convlab.kernels import (
-    conv07_implicit_gemm_warp_tiled as c7,
-)
-from convlab.kernels import (
-    conv09_implicit_gemm_cuda as c9,
-)
+from convlab.kernels import conv01_naive as c1  # noqa: E402
+from convlab.kernels import conv02_coalesced as c2  # noqa: E402
+from convlab.kernels import conv03_tiled as c3  # noqa: E402
+from convlab.kernels import conv04_register_blocked as c4  # noqa: E402
+from convlab.kernels import conv05_implicit_gemm as c5  # noqa: E402
+from convlab.kernels import conv06_implicit_gemm_double_buffered as c6  # noqa: E402
+from convlab.kernels import conv07_implicit_gemm_warp_tiled as c7  # noqa: E402
+from convlab.kernels import conv09_implicit_gemm_cuda as c9  # noqa: E402
 from convlab.runtime import cuda  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "."
