@@ -14,7 +14,8 @@
 # kernels' compiles), memory_tests (the GPU tests of those kernels), depthwise_block
 # (lesson 11's MobileNet block, inputs rotating past the L2, and lesson 10's copy/kernel
 # overlap with the pageable copy alone, into the stored lessons10_11 file),
-# precisions (lesson 12's library tables at each precision, launches queued, and the 12x check).
+# precisions (lesson 12's library tables at each precision, launches queued, and the 12x check),
+# flat_tests (the launchers on device arrays whose unit axes have stride 0).
 set -u
 # the commit every stored result names: the caller's (the machine's git copy can be stale)
 : "${COMMIT:?set COMMIT to the commit of the tree this call runs (git rev-parse --short HEAD)}"
@@ -86,6 +87,8 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                     tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
                     tests/test_depthwise_cuda.py \
                     tests/test_depthwise_strips_cuda.py tests/test_filter_cuda.py ;;
+    flat_tests) TAIL=8 step flat_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                  tests/test_kernels_fast.py -k "flat or zero_stride" ;;
   esac
 done
 tar -czf "$OUT/results.tgz" -C "$W" res logs
