@@ -57,7 +57,7 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
               --out "$W/res" ;;
     triton_tests) TAIL=8 step triton_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_triton.py ;;
-    tests) TAIL=30 step tests 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton.py \
+    tests) TAIL=30 step tests 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_triton.py \
              tests/test_grading_speed.py tests/test_kernels_fast.py tests/test_bench.py \
              tests/test_wmma.py tests/test_winograd_cuda.py tests/test_im2col_cuda.py ;;
     calibrate) for n in 06_shared_memory_tiling 07_register_blocking 08_implicit_gemm 09_last_mile; do
