@@ -105,4 +105,4 @@ def test_ptx_loads_the_window_in_vectors_and_keeps_it_in_registers():
 @pytest.mark.parametrize("shape", GPU_SHAPES)
 def test_launcher_on_gpu(shape):
     assert_launcher_on_gpu(D.launch, shape,
-                           ({}, dict(v=8, threads=128), dict(v=2), dict(min_blocks=6)))
+                           ({}, dict(v=8, threads=128), dict(v=2), dict(min_blocks=None)))

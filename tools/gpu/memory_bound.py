@@ -60,7 +60,7 @@ STRIP_CONFIGS = {"dw512": [{}],  # depthwise04_strips_cuda: {} is its default
                           dict(v=7, warps=4, pf=6), dict(v=7, warps=8, pf=6),
                           dict(v=8, warps=7, pf=6), dict(v=14, warps=8, pf=6),
                           dict(v=16, warps=7, pf=8), dict(v=4, warps=4, pf=6, alt=0)]}
-NUMBA_WINDOW_CONFIGS = [{}, dict(min_blocks=6), dict(threads=128), dict(v=8),
+NUMBA_WINDOW_CONFIGS = [{}, dict(min_blocks=None), dict(threads=128), dict(v=8),
                         dict(v=8, min_blocks=4)]  # depthwise06_window; {}: the default
 WINDOW_CONFIGS = [{}, dict(threads=128), dict(threads=512), dict(v=8), dict(v=8, threads=128),
                   dict(v=2), dict(u=2), dict(u=4), dict(cs_stores=1), dict(u=2, cs_stores=1),
