@@ -161,6 +161,20 @@ def test_bound_names_and_flags():
     assert "builds functions from code objects" in nbf.scan_flags(
         "f = types.FunctionType(g.__code__.replace(co_filename=n), {})")
     assert nbf.scan_flags("def f(x):\n    return np.asarray(x).sum()\n") == []  # not a kernel
+    # source compiled under a file name of one's choice (the tracer's folder is exempt)
+    for run in ("import code\ncode.InteractiveInterpreter(g).runsource(s, p, 'exec')",
+                "from code import InteractiveConsole", "import codeop"):
+        assert "runs source through the code module" in nbf.scan_flags(run), run
+    assert "reads module file paths" in nbf.scan_flags("d = os.path.dirname(t.__file__)")
+    # a kernel that calls a plain Python function of the cell, against a device function
+    plain = "a kernel calls a plain Python function of the cell"
+    helper = ("def _work(x, y):\n    y[0] = sum(x[j] for j in range(4))\n"
+              "@cuda.jit\ndef k(x, y):\n    _work(x, y)\n")
+    assert any(f.startswith(plain) for f in nbf.scan_flags(helper))
+    device = ("@cuda.jit(device=True)\ndef add(a, b):\n    return a + b\n"
+              "@cuda.jit\ndef k(x, y):\n    i = cuda.grid(1)\n    y[i] = add(x[i], 1.0)\n"
+              "def launch(x, y):\n    k[1, 4](x, y)\n")
+    assert nbf.scan_flags(device) == []
 
 
 def test_private_tests_load_and_merge(tmp_path):

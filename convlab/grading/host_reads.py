@@ -9,10 +9,10 @@ arithmetic read it with no copy at all (`SimHostReads` counts those).
 Both are installed once, before any learner code runs (`install`, from the worker): the
 classes are patched for good, so no unpatched method exists for a learner to keep, and
 `HostReads.counting` switches counting on for one graded call. Code of the simulator's
-own array and launch modules (known by its code objects) and of `convlab.trace` (by its
-folder) is exempt: launches, views, copies between device arrays and to the device cost
-nothing; a copy to the host always counts, the simulator's write-back of a host array
-passed to a kernel too. An in-process
+own array and launch modules and of `convlab.trace` (both known by their code objects,
+not by a file name a learner could give their own code) is exempt: launches, views,
+copies between device arrays and to the device cost nothing; a copy to the host always
+counts, the simulator's write-back of a host array passed to a kernel too. An in-process
 check: it stops the offload written plainly, and the review flags
 (`notebook.scan_flags`) name the ways around it.
 """
@@ -20,7 +20,6 @@ check: it stops the offload written plainly, and the review flags
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import weakref
@@ -33,8 +32,7 @@ class HostReads:
 
     def __init__(self):
         self.n, self.active = 0, False
-        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.exempt = {os.path.join(package, "trace")}  # the tracer reads arrays itself
+        self.tracer = _code_objects(*_trace_modules())  # the tracer reads arrays itself
 
     @contextlib.contextmanager
     def counting(self):
@@ -51,7 +49,7 @@ class HostReads:
             self.n += 1
 
     def _exempt(self, frame) -> bool:
-        return os.path.dirname(frame.f_code.co_filename) in self.exempt
+        return frame.f_code in self.tracer
 
 
 class GpuHostCopies(HostReads):
@@ -225,15 +223,22 @@ class SimHostReads(HostReads):
         within.__getattr__ = get_attr
 
     def _patch_constructors(self, da, cuda) -> None:
-        device_array = da.device_array
+        device_array, to_device, fake = da.device_array, da.to_device, da.FakeCUDAArray
 
         def new_device_array(*a, **k):
             if "buffer" in k or len(a) > 2:  # np.ndarray(shape, dtype, buffer, ...)
                 self.count(exempt=False)
             return device_array(*a, **k)
 
+        def new_to_device(ary, stream=0, copy=True, to=None):
+            # with `to`, the simulator hands `to.copy_to_device` the source's own buffer:
+            # anything but a device array there gets a host view of it
+            if to is not None and not isinstance(to, fake):
+                self.count(exempt=False)
+            return to_device(ary, stream, copy, to)
+
         for mod in (da, cuda):
-            mod.device_array = new_device_array
+            mod.device_array, mod.to_device = new_device_array, new_to_device
 
     def _counted(self, method, exempt, kernel_ok=True):
         def counted(*a, **k):
@@ -256,6 +261,17 @@ def _plain(value, fake):
             type(value), "__array__"):
         return np.array(value)  # np.array is not dispatched through __array_function__
     return value
+
+
+def _trace_modules() -> list:
+    """`convlab.trace` and every module of it."""
+    import importlib
+    import pkgutil
+
+    import convlab.trace as trace
+
+    return [trace] + [importlib.import_module(f"{trace.__name__}.{m.name}")
+                      for m in pkgutil.iter_modules(trace.__path__)]
 
 
 def _code_objects(*modules) -> set:

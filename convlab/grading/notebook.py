@@ -569,6 +569,10 @@ _FLAGS = [
      "starts processes or handles signals"),
     (r"\b(mock|monkeypatch)\b", "monkeypatching"),
     (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
+    (r"\b(import\s+code|from\s+code\s+import|codeop|runsource|runcode|"
+     r"InteractiveInterpreter|InteractiveConsole|compile_command)\b",
+     "runs source through the code module"),
+    (r"\b__file__\b", "reads module file paths"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
     (r"\b_ary\b|\b_item\b|\bFake\w*CUDAArray\b|\bsimulator\b|__dict__|\bvars\s*\(|"
@@ -607,6 +611,9 @@ def scan_flags(text: str) -> list[str]:
     if _python_in_kernels(code):
         flags.append("runs NumPy or Python containers inside a kernel, or stores outside "
                      "its arguments (the simulator runs them; a GPU would not compile them)")
+    if _plain_calls_in_kernels(code):
+        flags.append("a kernel calls a plain Python function of the cell, not a device "
+                     "function (the simulator runs it; a GPU would not compile it)")
     return flags
 
 
@@ -622,14 +629,30 @@ _KERNEL_NUMPY_OK = {"float16", "float32", "float64", "int8", "int16", "int32", "
 _KERNEL_ARRAYS = ("local.array", "shared.array", "const.array_like")
 
 
+def _is_jit(fn) -> bool:
+    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def _plain_calls_in_kernels(code: str) -> bool:
+    """A jit function calls a function the cell defines without jit."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    plain = {fn.name for fn in defs if not _is_jit(fn)}
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+               and node.func.id in plain
+               for fn in defs if _is_jit(fn) for node in ast.walk(fn))
+
+
 def _python_in_kernels(code: str) -> bool:
     try:
         tree = ast.parse(code)
     except SyntaxError:
         return False
     for fn in ast.walk(tree):
-        if not isinstance(fn, ast.FunctionDef) or not any(
-                "jit" in ast.unparse(d) for d in fn.decorator_list):
+        if not isinstance(fn, ast.FunctionDef) or not _is_jit(fn):
             continue
         own = {a.arg for a in fn.args.args} | {  # what a kernel may write: its arguments
             t.id for n in ast.walk(fn) if isinstance(n, ast.Assign)  # and its own arrays
