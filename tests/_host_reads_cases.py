@@ -13,12 +13,12 @@ import numpy as np
 
 # set by main(), in the process of its own (the lambdas below read them when they run)
 cuda = copy_flat = numpy_in_a_kernel = item_in_a_kernel = None
-FakeWithinKernelCUDAArray = READS = SAVED_COPY = None
+FakeWithinKernelCUDAArray = READS = SAVED_COPY = DeviceSub = None
 
 
 def _setup() -> None:
     global cuda, copy_flat, numpy_in_a_kernel, item_in_a_kernel, FakeWithinKernelCUDAArray
-    global READS, SAVED_COPY
+    global READS, SAVED_COPY, DeviceSub
     import convlab
 
     convlab.setup("sim")
@@ -29,6 +29,10 @@ def _setup() -> None:
 
     READS = host_reads.install()
     SAVED_COPY = type(cuda.device_array(1)).copy_to_host  # kept by a learner before a call
+
+    class DeviceSub(type(cuda.device_array(1))):  # a learner's subclass of the device array
+        def copy_to_device(self, ary, stream=0):
+            self.got = ary
 
     @cuda.jit
     def copy_flat(src, dst):
@@ -165,6 +169,12 @@ READ = {  # each reads the device array's values on the host
     "np.asarray from code named as a file of the tracer": lambda a, o: in_tracer_folder(
         lambda x: np.asarray(x))(a),
     "to_device(a, to=) into an object of one's own": lambda a, o: cuda.to_device(a, to=Grab()),
+    "to_device(a, to=) into a subclass of the device array": lambda a, o: cuda.to_device(
+        a, to=DeviceSub.__new__(DeviceSub)),
+    "a device array as an index": lambda a, o: cuda.device_array(12, np.float32)[
+        a.reshape(12).view(np.int32)[0:1]],
+    "a device array as the index of a store": lambda a, o: o.reshape(12).__setitem__(
+        (cuda.to_device(np.array([1])),), 0.0),
 }
 HIDDEN = {  # the device buffer is not where these look (True: nothing found)
     "an __array_function__ hook given to copy_to_device": lambda a, o: hook_sees(a) is None,
@@ -190,6 +200,17 @@ FREE = {  # what a launcher does with device arrays on a GPU without a copy to t
 }
 
 
+VALUES = {  # the grader's own read of what it sends back (True: as expected)
+    "a device array, its values": lambda a, o: np.array_equal(
+        READS.device_values(a), np.arange(12, dtype=np.float32).reshape(3, 4)),
+    "a view": lambda a, o: READS.device_values(a[1]).tolist() == [4.0, 5.0, 6.0, 7.0],
+    "not after its class was changed": lambda a, o: (
+        setattr(o, "__class__", DeviceSub), READS.device_values(o))[1] is None,
+    "not a subclass": lambda a, o: READS.device_values(DeviceSub.__new__(DeviceSub)) is None,
+    "not a host array": lambda a, o: READS.device_values(np.zeros(2)) is None,
+}
+
+
 def run(action):
     """(host reads counted, the action's value, its error or None)."""
     a = cuda.to_device(np.arange(12, dtype=np.float32).reshape(3, 4))
@@ -205,7 +226,7 @@ def run(action):
 
 def main() -> None:
     _setup()
-    result = {"read": {}, "hidden": {}, "free": {}}
+    result = {"read": {}, "hidden": {}, "free": {}, "values": {}}
     for name, action in READ.items():
         result["read"][name] = run(action)[0]
     for name, action in HIDDEN.items():
@@ -214,6 +235,9 @@ def main() -> None:
     for name, action in FREE.items():
         n, _, error = run(action)
         result["free"][name] = [n, error]
+    for name, action in VALUES.items():
+        n, value, error = run(action)
+        result["values"][name] = [n, value is True, error]
     a = cuda.to_device(np.arange(6, dtype=np.float32))
     result["after"] = [float(np.asarray(a).sum()), float(a[5]), READS.n]
     print(json.dumps(result))

@@ -47,6 +47,9 @@ FAMILIES = {
     "numpy": ((*SOLVED, "attack_numpy.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
+    "package": ((*SOLVED, "attack_package.py"), {
+        "fx.box": (1, r""), "fx.gemm": (1, r""),
+        "fx.tiled": (0, r"WireError: cannot send a value of type Later")}),
 }
 
 OWN_HELPER = """\

@@ -45,6 +45,14 @@ def test_device_work_is_free(counted, name):
     assert counted["free"][name] == [0, None]
 
 
+@pytest.mark.parametrize("name", list(cases.VALUES))
+def test_the_graders_own_read_takes_the_runtimes_device_arrays_only(counted, name):
+    """What the worker sends back is read by `device_values`: exactly the runtime's device
+    arrays, uncounted and without a method of the array; None for anything else (a subclass,
+    a changed class), which the wire then refuses."""
+    assert counted["values"][name] == [0, True, None]
+
+
 def test_counting_is_off_outside_a_graded_call(counted):
     total, element, n = counted["after"]
     assert (total, element, n) == (15.0, 5.0, 0)

@@ -51,6 +51,12 @@ class HostReads:
     def _exempt(self, frame) -> bool:
         return frame.f_code in self.tracer
 
+    def device_values(self, arr):
+        """The grader's own read of a value it sends back: a host copy of `arr` if it is
+        exactly one of the runtime's device arrays (not a subclass, no changed class), read
+        without counting and without looking up any attribute through `arr`; else None."""
+        return None
+
 
 class GpuHostCopies(HostReads):
     """``copy_to_host`` of numba's device arrays (a GPU)."""
@@ -61,12 +67,19 @@ class GpuHostCopies(HostReads):
 
         base = devicearray.DeviceNDArrayBase
         original = base.copy_to_host
+        # numba's own device array classes, known before any learner code runs
+        self._classes = frozenset({devicearray.DeviceNDArray,
+                                   *devicearray.DeviceNDArray.__subclasses__()})
+        self._copy = original
 
         def copy_to_host(arr, *a, **k):
             self.count()
             return original(arr, *a, **k)
 
         base.copy_to_host = copy_to_host
+
+    def device_values(self, arr):
+        return self._copy(arr) if type(arr) in self._classes else None
 
 
 class SimHostReads(HostReads):
@@ -101,6 +114,7 @@ class SimHostReads(HostReads):
 
         # the simulator's own array and launch code, and this module's
         self.codes = _code_objects(da, kernel, sys.modules[__name__])
+        self._fake = da.FakeCUDAArray
         self._threads = weakref.WeakSet()  # kernel threads the simulator itself started
         self._store: dict = {}  # id(array) -> (weak reference, the wrapped NumPy array)
         self._patch_threads(kernel.BlockThread, kernel.BlockManager.run.__code__)
@@ -110,6 +124,14 @@ class SimHostReads(HostReads):
 
     def _exempt(self, frame) -> bool:
         return frame.f_code in self.codes or super()._exempt(frame)
+
+    def device_values(self, arr):
+        if type(arr) is not self._fake:
+            return None
+        entry = self._store.get(id(arr))
+        if entry is None or entry[0]() is not arr:
+            return None
+        return np.array(entry[1], subok=False)  # a copy: the buffer stays the device's
 
     def _in_kernel(self) -> bool:
         return threading.current_thread() in self._threads
@@ -165,8 +187,8 @@ class SimHostReads(HostReads):
             return value
 
         def get_item(arr, idx):
-            if not isinstance(arr, fake):
-                self.count(exempt=False)
+            if type(arr) is not fake or _holds(idx, fake):
+                self.count(exempt=False)  # a look-alike; a device array read as an index
             value = getitem(arr, idx)
             if not isinstance(value, fake):  # one element, not a view
                 count()
@@ -192,14 +214,15 @@ class SimHostReads(HostReads):
         for name in self.DUNDERS:
             setattr(fake, name, self._counted(getattr(fake, name), exempt=False))
         for name in self.METHODS:
-            setattr(fake, name, self._plain_args(getattr(fake, name), fake))
+            setattr(fake, name, self._plain_args(getattr(fake, name), fake,
+                                                 index=name == "__setitem__"))
 
-    def _plain_args(self, method, fake):
+    def _plain_args(self, method, fake, index=False):
         """An array method that refuses a `self` that is not a device array (a look-alike
         holding one's own buffer) and hands the simulator plain NumPy arrays only."""
         def checked(arr, *a, **k):
-            if not isinstance(arr, fake):
-                self.count(exempt=False)
+            if type(arr) is not fake or (index and a and _holds(a[0], fake)):
+                self.count(exempt=False)  # a look-alike; a device array read as an index
             a = tuple(_plain(v, fake) for v in a)
             return method(arr, *a, **{n: _plain(v, fake) for n, v in k.items()})
 
@@ -233,7 +256,7 @@ class SimHostReads(HostReads):
         def new_to_device(ary, stream=0, copy=True, to=None):
             # with `to`, the simulator hands `to.copy_to_device` the source's own buffer:
             # anything but a device array there gets a host view of it
-            if to is not None and not isinstance(to, fake):
+            if to is not None and type(to) is not fake:  # a subclass's method too
                 self.count(exempt=False)
             return to_device(ary, stream, copy, to)
 
@@ -247,6 +270,16 @@ class SimHostReads(HostReads):
             return method(*a, **k)
 
         return counted
+
+
+def _holds(idx, fake, depth: int = 0) -> bool:
+    """An index that holds a device array (NumPy's C code reads it as an index, from inside
+    the simulator's own code)."""
+    if isinstance(idx, fake):
+        return True
+    if isinstance(idx, (tuple, list)) and depth < 4:
+        return any(_holds(i, fake, depth + 1) for i in idx)
+    return False
 
 
 def _plain(value, fake):

@@ -109,10 +109,10 @@ def call(n: int) -> None:
                      [*req["args"], *(v for _, v in req["kwargs"])])
     except Exception as e:  # noqa: BLE001
         return _reply(n, {"ok": False, "ename": "GraderRequestError", "evalue": str(e)})
-    guard = _cfg["guard"]
+    guard, reads = _cfg["guard"], _cfg["host_reads"]
     trace_facts = None
     # a GPU task's host reads (traced calls too: the tracer's own reads are exempt)
-    copies = _cfg["host_reads"].counting() if device else contextlib.nullcontext()
+    copies = reads.counting() if device else contextlib.nullcontext()
     try:
         with guard(), copies as counted:
             if req.get("trace"):
@@ -126,6 +126,10 @@ def call(n: int) -> None:
                 from numba import cuda
 
                 cuda.synchronize()
+            # the values go back from inside the guard and the count: learner code that runs
+            # while they are read (a property, a replaced class) counts like any other, and
+            # device arrays are read by the grader itself, only if exactly the runtime's
+            out = _package(n, result, args, kwargs, reads.device_values)
         if device and counted.n:
             return _reply(n, {"ok": False, "ename": "HostCopyError", "evalue": (
                 f"{counted.n} device-to-host copies of arrays inside the graded call: "
@@ -134,23 +138,26 @@ def call(n: int) -> None:
                 "np.asarray, an element, arithmetic on the whole array)")})
         if req.get("trace"):
             trace_facts = facts(t)
+            out["trace"] = wire.Encoder(_cfg["outbox"], f"t{n}")(trace_facts)
+    except wire.WireError as e:
+        return _reply(n, {"ok": False, "ename": "WireError", "evalue": str(e)})
     except Exception as e:  # noqa: BLE001  (the learner's error goes back to the grader)
         err = _error(e)
         if req.get("trace") and type(e).__name__ == "TraceError":
             err["trace_error"] = True
         return _reply(n, err)
-    try:
-        enc = wire.Encoder(_cfg["outbox"], f"r{n}")
-        def back(a):
-            return enc(a) if hasattr(a, "shape") and hasattr(a, "dtype") else None
-
-        out = {"ok": True, "result": enc(result), "args": [back(a) for a in args],
-               "kwargs": [[k, back(v)] for k, v in kwargs.items()]}
-        if trace_facts is not None:
-            out["trace"] = enc(trace_facts)
-    except Exception as e:  # noqa: BLE001
-        return _reply(n, {"ok": False, "ename": "WireError", "evalue": str(e)})
     return _reply(n, out)
+
+
+def _package(n: int, result, args, kwargs, device_values) -> dict:
+    """The reply's values: the result, then every argument that is an array."""
+    enc = wire.Encoder(_cfg["outbox"], f"r{n}", device_values=device_values)
+
+    def back(a):
+        return enc(a) if hasattr(a, "shape") and hasattr(a, "dtype") else None
+
+    return {"ok": True, "result": enc(result), "args": [back(a) for a in args],
+            "kwargs": [[k, back(v)] for k, v in kwargs.items()]}
 
 
 def facts(t) -> dict:
