@@ -166,6 +166,12 @@ def test_bound_names_and_flags():
                 "from code import InteractiveConsole", "import codeop"):
         assert "runs source through the code module" in nbf.scan_flags(run), run
     assert "reads module file paths" in nbf.scan_flags("d = os.path.dirname(t.__file__)")
+    for io in ("x = np.load(p)", "np.save(p, y)", "os.replace(a, b)", "n = os.listdir(d)",
+               "y.tofile(p)"):
+        assert "reads or writes files or folders" in nbf.scan_flags(io), io
+    for late in ("class A:\n    def __del__(self):\n        pass", "weakref.finalize(o, f)",
+                 "atexit.register(f)"):
+        assert "runs code when objects are freed or at exit" in nbf.scan_flags(late), late
     # a kernel that calls a plain Python function of the cell, against a device function
     plain = "a kernel calls a plain Python function of the cell"
     helper = ("def _work(x, y):\n    y[0] = sum(x[j] for j in range(4))\n"

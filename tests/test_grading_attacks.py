@@ -33,9 +33,9 @@ FAMILIES = {
     "checkers": (("attack_checkers.py",), {
         "fx.box": (0, r"outputs are wrong"), "fx.gemm": (0, r"outputs are wrong"),
         "fx.tiled": (0, r"nothing was written")}),
-    "skip": (("attack_skip.py",), {
+    "skip": (("attack_skip.py",), {  # its thread is still alive in the GPU task's calls
         "fx.box": (0, r"returned None"), "fx.gemm": (0, r"outputs are wrong"),
-        "fx.tiled": (0, r"nothing was written")}),
+        "fx.tiled": (0, r"ThreadError: 1 thread\(s\) started by the answer")}),
     "read": ((*SOLVED, "attack_read.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""), "fx.tiled": (0, r"nothing was written")}),
     "leak": (("solution_box.py", "attack_leak.py"), {
@@ -47,6 +47,9 @@ FAMILIES = {
     "numpy": ((*SOLVED, "attack_numpy.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
+    "thread": ((*SOLVED, "attack_thread.py"), {
+        "fx.box": (1, r""), "fx.gemm": (1, r""),
+        "fx.tiled": (0, r"ThreadError: 1 thread\(s\) started by the answer")}),
     "package": ((*SOLVED, "attack_package.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"WireError: cannot send a value of type Later")}),

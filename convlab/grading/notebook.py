@@ -573,6 +573,11 @@ _FLAGS = [
      r"InteractiveInterpreter|InteractiveConsole|compile_command)\b",
      "runs source through the code module"),
     (r"\b__file__\b", "reads module file paths"),
+    (r"\b(np|numpy)\.(load|save|savez|savez_compressed|fromfile|memmap|loadtxt|savetxt)\b|"
+     r"\.tofile\b|\bos\.(replace|rename|remove|unlink|listdir|scandir|walk)\b|\bglob\b|"
+     r"\bshutil\b", "reads or writes files or folders"),
+    (r"\b__del__\b|\bweakref\b|\bfinalize\b|\batexit\b",
+     "runs code when objects are freed or at exit"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
     (r"\b_ary\b|\b_item\b|\bFake\w*CUDAArray\b|\bsimulator\b|__dict__|\bvars\s*\(|"

@@ -37,7 +37,8 @@ def install(config_path: str) -> None:
     from . import host_reads, sandbox
 
     _cfg.update(cfg, guard=sandbox.install(cfg.get("sandbox", {})),
-                host_reads=host_reads.install())  # before any learner code: nothing to keep
+                host_reads=host_reads.install(),  # before any learner code: nothing to keep
+                threads=frozenset(sys._current_frames()), kept=[])
 
 
 def _ns() -> dict:
@@ -110,6 +111,9 @@ def call(n: int) -> None:
     except Exception as e:  # noqa: BLE001
         return _reply(n, {"ok": False, "ename": "GraderRequestError", "evalue": str(e)})
     guard, reads = _cfg["guard"], _cfg["host_reads"]
+    _cfg["kept"].clear()  # the previous call's values: read by the grader already
+    if device and (foreign := _threads_of_its_own()):
+        return _reply(n, foreign)
     trace_facts = None
     # a GPU task's host reads (traced calls too: the tracer's own reads are exempt)
     copies = reads.counting() if device else contextlib.nullcontext()
@@ -130,6 +134,11 @@ def call(n: int) -> None:
             # while they are read (a property, a replaced class) counts like any other, and
             # device arrays are read by the grader itself, only if exactly the runtime's
             out = _package(n, result, args, kwargs, reads.device_values)
+        # kept to the next call: a finalizer of the learner's cannot run before the grader
+        # has read this reply (and the reply stands only if no thread of theirs is left)
+        _cfg["kept"].extend([result, args, kwargs])
+        if device and (foreign := _threads_of_its_own()):
+            return _reply(n, foreign)
         if device and counted.n:
             return _reply(n, {"ok": False, "ename": "HostCopyError", "evalue": (
                 f"{counted.n} device-to-host copies of arrays inside the graded call: "
@@ -147,6 +156,18 @@ def call(n: int) -> None:
             err["trace_error"] = True
         return _reply(n, err)
     return _reply(n, out)
+
+
+def _threads_of_its_own() -> dict | None:
+    """An error reply if Python threads run that were not there when the worker was
+    installed (a GPU task's call and its reply must not share the process with code of
+    the learner's that could rewrite the reply); None if there are none."""
+    new = [i for i in sys._current_frames() if i not in _cfg["threads"]]
+    if not new:
+        return None
+    return {"ok": False, "ename": "ThreadError", "evalue": (
+        f"{len(new)} thread(s) started by the answer are still running during a graded GPU "
+        "call: end them (join them) before the launcher returns")}
 
 
 def _package(n: int, result, args, kwargs, device_values) -> dict:
