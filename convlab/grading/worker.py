@@ -114,7 +114,6 @@ def call(n: int) -> None:
     _cfg["kept"].clear()  # the previous call's values: read by the grader already
     if device and (foreign := _threads_of_its_own()):
         return _reply(n, foreign)
-    trace_facts = None
     # a GPU task's host reads (traced calls too: the tracer's own reads are exempt)
     copies = reads.counting() if device else contextlib.nullcontext()
     try:
@@ -133,7 +132,7 @@ def call(n: int) -> None:
             # the values go back from inside the guard and the count: learner code that runs
             # while they are read (a property, a replaced class) counts like any other, and
             # device arrays are read by the grader itself, only if exactly the runtime's
-            out = _package(n, result, args, kwargs, reads.device_values)
+            out, enc = _package(n, result, args, kwargs, reads.device_values)
         # kept to the next call: a finalizer of the learner's cannot run before the grader
         # has read this reply (and the reply stands only if no thread of theirs is left)
         _cfg["kept"].extend([result, args, kwargs])
@@ -146,8 +145,7 @@ def call(n: int) -> None:
                 "the simulator, reading a device array on the host counts as a copy: "
                 "np.asarray, an element, arithmetic on the whole array)")})
         if req.get("trace"):
-            trace_facts = facts(t)
-            out["trace"] = wire.Encoder(_cfg["outbox"], f"t{n}")(trace_facts)
+            out["trace"] = enc(facts(t))  # plain values, the grader's own
     except wire.WireError as e:
         return _reply(n, {"ok": False, "ename": "WireError", "evalue": str(e)})
     except Exception as e:  # noqa: BLE001  (the learner's error goes back to the grader)
@@ -170,15 +168,16 @@ def _threads_of_its_own() -> dict | None:
         "call: end them (join them) before the launcher returns")}
 
 
-def _package(n: int, result, args, kwargs, device_values) -> dict:
-    """The reply's values: the result, then every argument that is an array."""
+def _package(n: int, result, args, kwargs, device_values):
+    """The reply's values (the result, then every argument that is an array) and the
+    encoder that wrote them."""
     enc = wire.Encoder(_cfg["outbox"], f"r{n}", device_values=device_values)
 
     def back(a):
         return enc(a) if hasattr(a, "shape") and hasattr(a, "dtype") else None
 
     return {"ok": True, "result": enc(result), "args": [back(a) for a in args],
-            "kwargs": [[k, back(v)] for k, v in kwargs.items()]}
+            "kwargs": [[k, back(v)] for k, v in kwargs.items()]}, enc
 
 
 def facts(t) -> dict:
