@@ -169,6 +169,13 @@ def test_bound_names_and_flags():
     for io in ("x = np.load(p)", "np.save(p, y)", "os.replace(a, b)", "n = os.listdir(d)",
                "y.tofile(p)"):
         assert "reads or writes files or folders" in nbf.scan_flags(io), io
+    patched = "assigns into a module or class it imported"
+    for patch in ("import json as _j\n_j.dump = f", "from numpy.lib import format as F\n"
+                  "F.write_array = f", "import convlab.grading.worker as W\nW._cfg['r'].n = 0",
+                  "import os\nsetattr(os, 'replace', f)", "from x import K\ndel K.method"):
+        assert any(f.startswith(patched) for f in nbf.scan_flags(patch)), patch
+    assert not any(f.startswith(patched) for f in nbf.scan_flags(
+        "import numpy as np\ny = np.zeros(3)\ny[0] = 1\nbox = Box()\nbox.x = np.ones(2)"))
     for late in ("class A:\n    def __del__(self):\n        pass", "weakref.finalize(o, f)",
                  "atexit.register(f)"):
         assert "runs code when objects are freed or at exit" in nbf.scan_flags(late), late

@@ -54,3 +54,25 @@ def test_a_malformed_slice_in_a_reply_is_refused(tmp_path):
     for bad in ({"s": [0, 1]}, {"s": [0.5, 1, None]}, {"s": "0:1"}):
         with pytest.raises(wire.WireError):
             wire.Decoder(tmp_path, 1 << 20)(bad)
+
+
+def test_replies_are_written_with_functions_bound_at_import(tmp_path, monkeypatch):
+    """The worker runs in the learner's process: an answer that replaces json.dump,
+    os.replace, os.open or np.save after the worker was imported does not change what the
+    worker writes (a forged 'no host copies' reply went through json.dump)."""
+    import os
+
+    from convlab.grading import worker
+
+    def boom(*a, **k):
+        raise AssertionError("a replaced module function was used")
+
+    for mod, name in ((json, "dump"), (json, "dumps"), (os, "replace"), (os, "open"),
+                      (os, "fdopen"), (np, "save")):
+        monkeypatch.setattr(mod, name, boom)
+    monkeypatch.setitem(worker._cfg, "outbox", str(tmp_path))
+    worker._reply(3, {"ok": True, "n": 3})
+    spec = wire.Encoder(tmp_path, "r3")(np.arange(3.0))
+    monkeypatch.undo()
+    assert json.loads((tmp_path / "resp-3.json").read_text()) == {"ok": True, "n": 3}
+    assert np.array_equal(np.load(tmp_path / spec["a"]), np.arange(3.0))

@@ -616,6 +616,9 @@ def scan_flags(text: str) -> list[str]:
     if _python_in_kernels(code):
         flags.append("runs NumPy or Python containers inside a kernel, or stores outside "
                      "its arguments (the simulator runs them; a GPU would not compile them)")
+    if _patches_imports(code):
+        flags.append("assigns into a module or class it imported (a function the grader's "
+                     "own code may call)")
     if _plain_calls_in_kernels(code):
         flags.append("a kernel calls a plain Python function of the cell, not a device "
                      "function (the simulator runs it; a GPU would not compile it)")
@@ -632,6 +635,31 @@ _KERNEL_NUMPY_OK = {"float16", "float32", "float64", "int8", "int16", "int32", "
                     "round", "trunc", "sign", "copysign", "power", "fmod", "remainder",
                     "fmin", "fmax", "nan", "inf", "pi", "e"}
 _KERNEL_ARRAYS = ("local.array", "shared.array", "const.array_like")
+
+
+def _patches_imports(code: str) -> bool:
+    """An attribute of a name the cell imported is assigned, deleted or setattr'd."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return False
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+
+    def root(node):
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            if root(n) in imported:
+                return True
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                and n.func.id in ("setattr", "delattr") and n.args
+                and root(n.args[0]) in imported):
+            return True
+    return False
 
 
 def _is_jit(fn) -> bool:

@@ -30,6 +30,8 @@ MAX_STR = 20_000
 MAX_JSON_BYTES = 4 << 20
 _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,80}\.npy$")
 NUMERIC_KINDS = "biufc"
+# the writers, bound at import (in the learner's process: before any of its code)
+_os_open, _fdopen, _np_save = os.open, os.fdopen, np.save
 
 
 class WireError(ValueError):
@@ -56,9 +58,9 @@ class Encoder:
         name = f"{self.prefix}-{self.n}.npy"
         self.n += 1
         path = os.path.join(self.folder, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, a, allow_pickle=False)
+        fd = _os_open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with _fdopen(fd, "wb") as f:
+            _np_save(f, a, allow_pickle=False)
         return {"a": name, "dev": bool(device)}
 
     def __call__(self, v, depth: int = 0):
