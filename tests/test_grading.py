@@ -175,7 +175,26 @@ def test_bound_names_and_flags():
                   "import os\nsetattr(os, 'replace', f)", "from x import K\ndel K.method"):
         assert any(f.startswith(patched) for f in nbf.scan_flags(patch)), patch
     assert not any(f.startswith(patched) for f in nbf.scan_flags(
-        "import numpy as np\ny = np.zeros(3)\ny[0] = 1\nbox = Box()\nbox.x = np.ones(2)"))
+        "import numpy as np\ny = np.zeros(3)\ny[0] = 1\n"))
+    # the same routes, hidden the usual ways (each once got through with no flag)
+    hidden = {
+        "w = s.modules['conv' + 'lab.grading.worker']": "builds names from pieces of strings",
+        "c = getattr(w, name)": "reaches attributes or names dynamically",
+        "type(np).__setattr__(m, n, f)": "reaches attributes or names dynamically",
+        "fmt = np.lib.format\nfmt.write_array = f": "assigns into a module or class it imported",
+        "import pathlib": "imports modules an answer does not need (pathlib)",
+        "for p in P('.outbox').iterdir():\n    p.write_text(t)":
+            "touches the grader's folders or the notebook's events",
+        "ip.events.register('post_run_cell', f)":
+            "touches the grader's folders or the notebook's events",
+    }
+    for src, flag in hidden.items():
+        assert any(f.startswith(flag) for f in nbf.scan_flags(src)), src
+    ordinary = ("import math\nfrom numba import cuda\nimport numpy as np\n"
+                "class Tile:\n    def __init__(self):\n        self.n = 4\n"
+                "@cuda.jit\ndef k(x, y):\n    i = cuda.grid(1)\n    y[i] = math.sqrt(x[i])\n"
+                "def launch(x, y):\n    print('tile ' + str(Tile().n))\n    k[1, 4](x, y)\n")
+    assert nbf.scan_flags(ordinary) == []
     for late in ("class A:\n    def __del__(self):\n        pass", "weakref.finalize(o, f)",
                  "atexit.register(f)"):
         assert "runs code when objects are freed or at exit" in nbf.scan_flags(late), late

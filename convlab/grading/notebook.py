@@ -578,6 +578,13 @@ _FLAGS = [
      r"\bshutil\b", "reads or writes files or folders"),
     (r"\b__del__\b|\bweakref\b|\bfinalize\b|\batexit\b",
      "runs code when objects are freed or at exit"),
+    (r"\b(getattr|setattr|delattr|globals|locals|attrgetter|methodcaller)\b|"
+     r"__(getattribute|setattr|subclasses|loader|spec|builtins|import|base|bases|mro)__",
+     "reaches attributes or names dynamically"),
+    (r"(['\"])\s*\+\s*[rbuf]*['\"]", "builds names from pieces of strings"),
+    (r"\b(outbox|inbox|_cfg|host_reads|audithook|post_run_cell|pre_run_cell|post_execute|"
+     r"pre_execute)\b|\.events\b|\b(write_text|write_bytes|read_text|read_bytes|iterdir|"
+     r"tofile|fromfile)\b", "touches the grader's folders or the notebook's events"),
     (r"\bopen\s*\(", "opens files"),
     (r"\bthreading\b", "starts threads"),
     (r"\b_ary\b|\b_item\b|\bFake\w*CUDAArray\b|\bsimulator\b|__dict__|\bvars\s*\(|"
@@ -617,8 +624,10 @@ def scan_flags(text: str) -> list[str]:
         flags.append("runs NumPy or Python containers inside a kernel, or stores outside "
                      "its arguments (the simulator runs them; a GPU would not compile them)")
     if _patches_imports(code):
-        flags.append("assigns into a module or class it imported (a function the grader's "
-                     "own code may call)")
+        flags.append("assigns into a module or class it imported, or into an attribute of "
+                     "something it did not create (a function the grader's own code may call)")
+    if (unusual := _unusual_imports(code)):
+        flags.append(f"imports modules an answer does not need ({', '.join(unusual)})")
     if _plain_calls_in_kernels(code):
         flags.append("a kernel calls a plain Python function of the cell, not a device "
                      "function (the simulator runs it; a GPU would not compile it)")
@@ -637,8 +646,28 @@ _KERNEL_NUMPY_OK = {"float16", "float32", "float64", "int8", "int16", "int32", "
 _KERNEL_ARRAYS = ("local.array", "shared.array", "const.array_like")
 
 
+# what answers import (numba.cuda kernels, NumPy, the course's launcher and its GPU
+# libraries); anything else in an answer cell is for review
+_ANSWER_IMPORTS = {"numpy", "numba", "math", "cupy", "torch", "triton", "convlab", "itertools",
+                   "dataclasses", "typing", "collections", "__future__"}
+
+
+def _unusual_imports(code: str) -> list[str]:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return []
+    found = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    found |= {n.module.split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    return sorted(found - _ANSWER_IMPORTS)
+
+
 def _patches_imports(code: str) -> bool:
-    """An attribute of a name the cell imported is assigned, deleted or setattr'd."""
+    """An attribute of a name the cell imported is assigned, deleted or setattr'd, or an
+    attribute is stored outside a method of the cell's own classes (through an alias of a
+    module, say)."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -653,7 +682,7 @@ def _patches_imports(code: str) -> bool:
 
     for n in ast.walk(tree):
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            if root(n) in imported:
+            if root(n) in imported or root(n) not in ("self", "cls"):
                 return True
         if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                 and n.func.id in ("setattr", "delattr") and n.args
