@@ -157,6 +157,28 @@ def test_isolation_is_reported(families):
         assert "no OS isolation" in results["checkers"]["output"]
 
 
+
+@pytest.mark.gpu
+def test_attack_families_on_a_gpu(tmp_path):
+    """numba's real device arrays (mode "gpu"): host copies are counted through
+    copy_to_host, a reply's device array must be exactly numba's, and a thread the answer
+    started refuses the GPU task's call, as under the simulator."""
+    names = ("offload", "numpy", "thread", "package")
+    out = tmp_path / "graded"
+    for name in names:
+        submission(tmp_path / f"{name}.ipynb", *FAMILIES[name][0], replace={
+            "@OUT@": str(out / f"{name}.results.json"), "@FIXTURE@": str(FIXTURE),
+            "@ROOT@": str(ROOT)})
+    grade_batch(tmp_path, out, jobs=1, instructor=FIXTURE, cell_timeout=120, mode="gpu",
+                progress=False)
+    for name in names:
+        data = json.loads((out / f"{name}.results.json").read_text())
+        tests = by_task(data)
+        for task, (score, pattern) in FAMILIES[name][1].items():
+            assert tests[task]["score"] == score, (name, task, tests[task]["output"])
+            assert re.search(pattern, tests[task]["output"], re.S), (name, task,
+                                                                     tests[task]["output"])
+
 # ----------------------------------------------------------------------------------------
 # Breaking grading for others
 
