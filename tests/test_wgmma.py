@@ -45,7 +45,23 @@ E = _tool()
 SRC = W3.source()
 
 
-def _one(pattern: str, text: str = SRC) -> re.Match:
+def _without_mma_sync(src: str) -> str:
+    """The source with the consumers' mma.sync branch (#if MMA_SYNC ... #else) cut out:
+    the wgmma kernel the static checks below read."""
+    start = src.index("#if MMA_SYNC\n        // Warp w")
+    depth, pos = 0, start
+    for line in src[start:].splitlines(keepends=True):
+        pos += len(line)
+        depth += line.startswith("#if") - line.startswith("#endif")
+        if depth == 1 and line.startswith("#else"):
+            return src[:start] + src[pos:]
+    raise AssertionError("no #else of the mma.sync branch")
+
+
+WG_SRC = _without_mma_sync(SRC)
+
+
+def _one(pattern: str, text: str = WG_SRC) -> re.Match:
     hits = list(re.finditer(pattern, text))
     assert len(hits) == 1, f"expected one match of {pattern!r} in wgmma_tma.cu, got {len(hits)}"
     return hits[0]
@@ -167,13 +183,13 @@ def epilogue_mismatches(src: str, BN: int, consumers: int) -> list:  # noqa: N80
 
 def test_epilogue_matches_the_fragment_layout():
     for cfg in {*W3.GEMM_CANDIDATES, *W3.CONV_CANDIDATES}:
-        assert not epilogue_mismatches(SRC, cfg.BN, cfg.CONSUMERS), cfg
+        assert not epilogue_mismatches(WG_SRC, cfg.BN, cfg.CONSUMERS), cfg
     old = "d[4 * i + 2 * h], d[4 * i + 2 * h + 1]"
-    assert SRC.count(old) == 1
-    assert epilogue_mismatches(SRC.replace(old, "d[4 * i + h], d[4 * i + h + 2]"), 128, 2)
+    assert WG_SRC.count(old) == 1
+    assert epilogue_mismatches(WG_SRC.replace(old, "d[4 * i + h], d[4 * i + h + 2]"), 128, 2)
     old = "w * 16 + g + h * 8"
-    assert SRC.count(old) == 1
-    assert epilogue_mismatches(SRC.replace(old, "w * 16 + g * 2 + h"), 128, 2)
+    assert WG_SRC.count(old) == 1
+    assert epilogue_mismatches(WG_SRC.replace(old, "w * 16 + g * 2 + h"), 128, 2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,7 +211,8 @@ def test_every_tile_is_visited_once():
                                                           for n in range(3)]
     # producer and consumers walk the same tiles and slabs (their ring stays in step)
     walk = "for (int t = blockIdx.x; t < ntiles; t += gridDim.x)"
-    assert SRC.count(walk) == 2 and SRC.count("for (int kt = 0; kt < KT; ++kt, ++it)") == 2
+    # (three walks: the producer's, and the consumers' in each branch, wgmma and mma.sync)
+    assert SRC.count(walk) == 3 and SRC.count("for (int kt = 0; kt < KT; ++kt, ++it)") == 3
 
 
 # ---------------------------------------------------------------------------------------
@@ -216,6 +233,12 @@ def test_every_candidate_compiles_for_sm90a():
                 assert instr in ptx, (cfg, conv, instr)
     ptx = W3.compile_ptx(W3.GEMM_DEFAULT, f16=True)
     assert f"wgmma.mma_async.sync.aligned.m64n{W3.GEMM_DEFAULT.BN}k16.f32.f16.f16" in ptx
+    for out_half in (False, True):   # mma.sync consumers: no wgmma left
+        ptx = W3.compile_ptx(W3.MMA_SYNC_TOP, f16=True, out_half=out_half)
+        for instr in common[3:] + ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                   "ldmatrix.sync.aligned.m8n8.x4.shared.b16"):
+            assert instr in ptx, (out_half, instr)
+        assert "wgmma.mma_async" not in ptx, out_half
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,9 +249,24 @@ G1 = Wg(BN=128, CONSUMERS=1, STAGES=3)   # one consumer, a ring shorter than a t
 REAL = [E.WgSpec(W3.GEMM_DEFAULT, f16=True), E.WgSpec(G1, f16=True),
         E.WgSpec(G1, f16=True, out_half=True),
         E.WgSpec(W3.CONV_CANDIDATES[0], conv=True, f16=True),
-        E.WgSpec(Wg(BN=64, STAGES=3, BQ=8), conv=True, f16=True)]
+        E.WgSpec(Wg(BN=64, STAGES=3, BQ=8), conv=True, f16=True),
+        # mma.sync consumers: the GEMM's top tile (staged fp16 output), and one consumer
+        # of 32-column warps, fp32 output stored from registers
+        E.WgSpec(W3.MMA_SYNC_TOP, f16=True, out_half=True),
+        E.WgSpec(Wg(BN=128, CONSUMERS=1, STAGES=3, MMA_SYNC=1), f16=True)]
 GEMM_SHAPE = (150, 200, 328)   # two block rows, partial tiles, 6 slabs with a K tail
 CONV_X, CONV_W = (2, 6, 7, 128), (10, 3, 3, 128)   # NHWC, KRSC: 2 channel slabs per (r, s)
+
+def _moved_arrive(src: str) -> tuple[str, str]:
+    """(text, replacement): the mma.sync consumer's release of a slot moved from after its
+    slab's last mma.sync to before its first ldmatrix of the slab."""
+    start = src.index("const int s = it % STAGES;\n#pragma unroll\n")
+    tail = "mbar_arrive(&empty[s]);\n            }\n#if OUT_HALF"
+    end = src.index(tail, start) + len(tail)
+    old = src[start:end]
+    return old, old.replace(tail, "}\n#if OUT_HALF").replace(
+        "const int s = it % STAGES;\n", "const int s = it % STAGES;\nmbar_arrive(&empty[s]);\n", 1)
+
 
 # planted bugs: (text, replacement, spec)
 MUTANTS = {
@@ -244,6 +282,15 @@ MUTANTS = {
     "conv: row dilation ignored": ("p0 + r * pb.dh - pb.ph", "p0 + r - pb.ph", REAL[4]),
     "conv: filter slab without its channel offset": ("rs * pb.C + c0, bn * BN",
                                                      "rs * pb.C, bn * BN", REAL[4]),
+    "mma.sync: next slot read before its full barrier": (
+        "mbar_wait(&full[s2], ((it + 1) / STAGES) & 1);", "", REAL[5]),
+    "mma.sync: slot released before its fragments were read": (
+        *_moved_arrive(SRC), REAL[6]),
+    "mma.sync: ldmatrix rows without the swizzle": (
+        "(((lane >> 4) ^ (ar & 7)) << 4)", "((lane >> 4) << 4)", REAL[5]),
+    "mma.sync: staged rows read before the whole warp wrote them": (
+        "            __syncwarp();\n            constexpr int CPR", "            constexpr int CPR",
+        REAL[5]),
 }
 
 

@@ -828,6 +828,12 @@ WG_HELPERS = {
     "mbar_arrive": (["mbarrier.arrive.shared::cta.b64 _, [%0];"], "emu::wg::arrive(bar);"),
     "mbar_wait": (["mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;", "@!done bra WAIT;",
                    ':: "r"(smem_addr(bar)), "r"(parity)'], "emu::wg::mbar_wait(bar, parity);"),
+    "ldsm_x4": HELPERS["ldsm_x4"],
+    "mma16816": (["mma.sync.aligned.m16n8k16.row.col.f32.",
+                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};",
+                  ': "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), '
+                  '"r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)'],
+                 "emu::mma16816(c, a, b0, b1, !F16);"),
     "tma_load_2d": (["cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx"
                      "::bytes [%0], [%1, {%2, %3}], [%4];",
                      ':: "r"(smem_addr(dst)), "l"(map), "r"(c0), "r"(c1), "r"(smem_addr(bar))'],
@@ -925,7 +931,7 @@ class WgmmaEmulator:
         """late: bit 0, TMA copies land only when their barrier is waited on; bit 1,
         wgmma runs at its wait_group instead of at issue."""
         s = self.specs[i]
-        if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes():
+        if tuple(block) != (s.cfg.threads,) or shared_mem != s.cfg.smem_bytes(s.out_half):
             raise ValueError(f"{s.cfg}: launched with block {block}, {shared_mem} bytes")
         if len(grid) != 1:
             raise ValueError(f"persistent kernel: a 1-D grid, got {grid}")
@@ -936,7 +942,7 @@ class WgmmaEmulator:
         self.errors = getattr(self.lib, f"wrun{i}")(
             p(ptrs[0]), p(ptrs[1]), p(bnd.ctypes.data), p(sc.ctypes.data),
             ctypes.c_uint(grid[0]), ctypes.c_uint(s.cfg.threads),
-            ctypes.c_longlong(s.cfg.smem_bytes()), ctypes.c_int(late))
+            ctypes.c_longlong(s.cfg.smem_bytes(s.out_half)), ctypes.c_int(late))
 
 
 # ----------------------------------------------------------------------------------------

@@ -47,13 +47,15 @@ ARCH = "compute_90a"
 @dataclass(frozen=True)
 class WgmmaConfig:
     """BN columns per block (the wgmma n), STAGES slots, CONSUMERS warpgroups of 64 rows
-    (BM = 64 * CONSUMERS); conv: BQ output columns per block tile."""
+    (BM = 64 * CONSUMERS); conv: BQ output columns per block tile; MMA_SYNC: the consumers
+    multiply with ldmatrix + mma.sync (four warps of 64 x BN / 4 each) instead of wgmma."""
 
     BN: int = 256
     STAGES: int = 4
     CONSUMERS: int = 2
     BQ: int = 16
     GROUP_M: int = 8
+    MMA_SYNC: int = 0
 
     @property
     def BM(self) -> int:  # noqa: N802  (the tile's name in the lesson)
@@ -63,28 +65,36 @@ class WgmmaConfig:
     def threads(self) -> int:
         return 128 * (self.CONSUMERS + 1)
 
-    def smem_bytes(self) -> int:
-        return self.STAGES * (self.BM + self.BN) * 64 * 2 + 16 * self.STAGES + 1024
+    def smem_bytes(self, out_half: bool = False) -> int:
+        """The slots, a kilobyte for the mbarriers, 1024 for the alignment; with MMA_SYNC
+        and a half output, each consumer warp's staged rows (64 x (BN / 4 + 8) halves)."""
+        staged = 4 * self.CONSUMERS * 64 * (self.BN // 4 + 8) * 2 if (
+            self.MMA_SYNC and out_half) else 0
+        return self.STAGES * (self.BM + self.BN) * 64 * 2 + 1024 + 1024 + staged
 
     def validate(self) -> WgmmaConfig:
         if self.BN not in (64, 128, 256):
             raise ValueError(f"{self}: BN must be 64, 128 or 256")
         if self.CONSUMERS not in (1, 2) or self.BM % self.BQ:
             raise ValueError(f"{self}: 1 or 2 consumers, BQ dividing {self.BM}")
-        if self.smem_bytes() > 227 * 1024:
-            raise ValueError(f"{self}: {self.smem_bytes()} bytes of shared memory > 227 KiB")
+        if self.smem_bytes(out_half=True) > 227 * 1024:
+            raise ValueError(f"{self}: {self.smem_bytes(True)} bytes of shared memory > 227 KiB")
         return self
 
     def defines(self, **extra) -> tuple:
         vals = dict(BN=self.BN, STAGES=self.STAGES, CONSUMERS=self.CONSUMERS, BQ=self.BQ,
-                    GROUP_M=self.GROUP_M, **extra)
+                    GROUP_M=self.GROUP_M, MMA_SYNC=self.MMA_SYNC, **extra)
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
-        return f"{self.BM}x{self.BN}x64 s{self.STAGES} {self.CONSUMERS} consumers"
+        return (f"{self.BM}x{self.BN}x64 s{self.STAGES} {self.CONSUMERS} consumers"
+                + (" mma.sync" if self.MMA_SYNC else ""))
 
 
 GEMM_DEFAULT = WgmmaConfig()
+# the mma.sync GEMM fed by TMA (lesson 12's mma.sync top): three slots leave room for
+# the staged fp16 output rows
+MMA_SYNC_TOP = WgmmaConfig(STAGES=3, MMA_SYNC=1)
 GEMM_CANDIDATES = (GEMM_DEFAULT, WgmmaConfig(STAGES=3), WgmmaConfig(BN=128, STAGES=6),
                    WgmmaConfig(BN=128, CONSUMERS=1, STAGES=8))
 CONV_CANDIDATES = (WgmmaConfig(BN=128, STAGES=5), WgmmaConfig(BN=64, STAGES=8),
@@ -122,7 +132,7 @@ def _kernel(cfg: WgmmaConfig, conv: bool, f16: bool, out_half: bool):
     path = Path(tempfile.mkdtemp(prefix="convlab-wgmma-")) / "wgmma_tma.ptx"
     path.write_text(compile_ptx(cfg, conv, f16, out_half))
     fn = cp.RawModule(path=str(path)).get_function("wgmma_tma_kernel")
-    fn.max_dynamic_shared_size_bytes = cfg.smem_bytes()
+    fn.max_dynamic_shared_size_bytes = cfg.smem_bytes(out_half)
     return fn
 
 
@@ -185,7 +195,7 @@ def _launch_kernel(fn, cfg, maps, out, scalars, nbm, nbn):
     """One block per SM (persistent), at most one per tile."""
     blocks = min(nbm * nbn, _sm_count())
     fn((blocks,), (cfg.threads,), (np.uint64(maps.data.ptr), np.uint64(_ptr(out)))
-       + _scalars(*scalars, nbm, nbn), shared_mem=cfg.smem_bytes())
+       + _scalars(*scalars, nbm, nbn), shared_mem=cfg.smem_bytes(_kind(out) != "float32"))
     return out
 
 

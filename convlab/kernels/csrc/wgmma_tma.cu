@@ -44,11 +44,18 @@
 #ifndef OUT_HALF
 #define OUT_HALF 0   // 1: C stored in the input type (bf16 or fp16), else fp32
 #endif
+#ifndef MMA_SYNC
+#define MMA_SYNC 0   // 1: the consumers multiply with ldmatrix + mma.sync instead of wgmma
+#endif
 #define BM (64 * CONSUMERS)
 #define BK 64
 #define NTHREADS (128 * (CONSUMERS + 1))
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
+// MMA_SYNC with OUT_HALF: each consumer warp's staged output rows (64 of BN / 4 + 8
+// halves) after the slots and a kilobyte for the mbarriers
+#define EPI_OFF (STAGES * (A_BYTES + B_BYTES) + 1024)
+#define EROW (BN / 4 + 8)
 #if F16
 #define WG_T "f16"
 #else
@@ -157,6 +164,18 @@ __device__ __forceinline__ void fence_operand(float& x) {
     asm volatile("" : "+f"(x) :: "memory");
 }
 
+#if MMA_SYNC
+__device__ __forceinline__ void ldsm_x4(unsigned* r, unsigned addr) {   // a shared address
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." WG_T "." WG_T ".f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
 __device__ __forceinline__ void mbar_init(u64* bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(count));
 }
@@ -201,15 +220,19 @@ __device__ __forceinline__ void tile_coords(int t, int nbm, int nbn, int& bm, in
     bn = (t % per_group) / gsz;
 }
 
-__device__ __forceinline__ void store2(void* out, long long off, float v0, float v1) {
-#if OUT_HALF
-    unsigned packed;   // low half v0, high half v1
+__device__ __forceinline__ unsigned pack2(float v0, float v1) {   // low half v0, high v1
+    unsigned packed;
 #if F16
     asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
 #else
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(v1), "f"(v0));
 #endif
-    *reinterpret_cast<unsigned*>(reinterpret_cast<unsigned short*>(out) + off) = packed;
+    return packed;
+}
+
+__device__ __forceinline__ void store2(void* out, long long off, float v0, float v1) {
+#if OUT_HALF
+    *reinterpret_cast<unsigned*>(reinterpret_cast<unsigned short*>(out) + off) = pack2(v0, v1);
 #else
     *reinterpret_cast<float2*>(reinterpret_cast<float*>(out) + off) = make_float2(v0, v1);
 #endif
@@ -287,6 +310,114 @@ wgmma_tma_kernel(const u64* __restrict__ maps, void* __restrict__ Cout, int M, i
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int c = wg - 1;
         const int w = tid / 32, g = (tid % 32) / 4, tq = tid % 4;
+#if MMA_SYNC
+        // Warp w of consumer c: rows 64c .. 64c + 63 of the tile, columns w BN/4 .. + BN/4,
+        // as 4 x NI mma.sync m16n8k16 per 16-deep step, fragments by ldmatrix from the
+        // TMA's swizzled slots (16-byte chunk j of row r at j ^ (r % 8): step kk's chunk
+        // 2 kk + h is the lane's step-0 offset XOR 32 kk bytes; 16 rows further is 2048
+        // bytes, the XOR unchanged). Each warp waits for a slot's "full" barrier itself and
+        // arrives on its "empty" one after the mma.sync that used its last fragments: no
+        // block-wide barrier. Fragments double-buffered: step kk + 1's are loaded (for the
+        // last step: the next slot's first) before step kk's mma.sync.
+        constexpr int WNW = BN / 4, NI = WNW / 8;
+        const int lane = tid % 32;
+        const int ar = c * 64 + (lane & 15), br = w * WNW + (lane & 7) + ((lane >> 4) << 3);
+        const unsigned a_off = ar * 128 + (((lane >> 4) ^ (ar & 7)) << 4);
+        const unsigned b_off = br * 128 + ((((lane >> 3) & 1) ^ (br & 7)) << 4);
+        const unsigned sA0 = smem_addr(sA), sB0 = smem_addr(sB);
+        float acc[4][NI][4];
+        unsigned af[2][4][4], bf[2][NI / 2][4];
+        auto load_frags = [&](unsigned (&a)[4][4], unsigned (&b)[NI / 2][4], int s, int kk) {
+            const unsigned as = sA0 + s * A_BYTES + a_off, bs = sB0 + s * B_BYTES + b_off;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ldsm_x4(a[i], (as + 2048 * i) ^ (kk << 5));
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j) ldsm_x4(b[j], (bs + 2048 * j) ^ (kk << 5));
+        };
+        int it = 0;
+        for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+            int bm, bn;
+            tile_coords(t, nbm, nbn, bm, bn);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+            mbar_wait(&full[it % STAGES], (it / STAGES) & 1);
+            load_frags(af[0], bf[0], it % STAGES, 0);
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                const int s = it % STAGES;
+#pragma unroll
+                for (int kk = 0; kk < BK / 16; ++kk) {
+                    if (kk + 1 < BK / 16) {
+                        load_frags(af[(kk + 1) & 1], bf[(kk + 1) & 1], s, kk + 1);
+                    } else if (kt + 1 < KT) {
+                        const int s2 = (it + 1) % STAGES;
+                        mbar_wait(&full[s2], ((it + 1) / STAGES) & 1);
+                        load_frags(af[0], bf[0], s2, 0);
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+#pragma unroll
+                        for (int j = 0; j < NI; ++j)
+                            mma16816(acc[i][j], af[kk & 1][i], bf[kk & 1][j / 2][(j & 1) * 2],
+                                     bf[kk & 1][j / 2][(j & 1) * 2 + 1]);
+                }
+                mbar_arrive(&empty[s]);
+            }
+#if OUT_HALF
+            // staged: the warp's 64 x WNW tile into its own rows of shared memory (EROW
+            // halves apart: 4 banks further per row, so the pairs of a store and the
+            // 16-byte chunks of a row read land in distinct banks), then whole 16-byte
+            // chunks of rows to C
+            unsigned short* ep = reinterpret_cast<unsigned short*>(smem + EPI_OFF)
+                                 + (c * 4 + w) * 64 * EROW;
+            __syncwarp();   // the previous tile's reads of these rows are done
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) {
+                        *reinterpret_cast<unsigned*>(ep + (i * 16 + g + 8 * h) * EROW + 8 * j
+                                                     + 2 * tq) = pack2(acc[i][j][2 * h],
+                                                                       acc[i][j][2 * h + 1]);
+                    }
+            __syncwarp();
+            constexpr int CPR = WNW / 8;   // 16-byte chunks per row
+#pragma unroll 4
+            for (int q = lane; q < 64 * CPR; q += 32) {
+                const int r = q / CPR, k = q % CPR;
+                const long long row = (long long)bm * BM + c * 64 + r;
+                const int col = bn * BN + w * WNW + 8 * k;
+                if (row >= pb.M || col >= pb.N) continue;
+                const unsigned short* src = ep + r * EROW + 8 * k;
+                unsigned short* dst = reinterpret_cast<unsigned short*>(Cout) + row * pb.N + col;
+                if (pb.N % 8 == 0) {
+                    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+                } else {
+                    for (int e = 0; e < 8 && col + e < pb.N; ++e) dst[e] = src[e];
+                }
+            }
+#else
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const long long row = (long long)bm * BM + c * 64 + i * 16 + g + h * 8;
+                    if (row < pb.M) {
+#pragma unroll
+                        for (int j = 0; j < NI; ++j) {
+                            const int col = bn * BN + w * WNW + 8 * j + 2 * tq;
+                            if (col < pb.N)
+                                store2(Cout, row * pb.N + col, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                        }
+                    }
+                }
+#endif
+        }
+#else
         float d[BN / 2];
         int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
@@ -338,5 +469,6 @@ wgmma_tma_kernel(const u64* __restrict__ maps, void* __restrict__ Cout, int M, i
                 }
             }
         }
+#endif
     }
 }
