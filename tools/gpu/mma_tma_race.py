@@ -26,62 +26,65 @@ from convlab.measure import tensor_cores as TC  # noqa: E402
 from convlab.measure import timing  # noqa: E402
 
 
+def race(n, groups, rounds):
+    a, bt = TC._inputs(n, torch, torch.float16)
+    ref = a.float() @ bt.float().T
+    flop = 2 * n**3
+    kernels = [("cuBLAS fp16", lambda: a @ bt.T, None)]
+    top = replace(MM.GEMM_TOP, EPI_SMEM=1)
+    o1 = torch.empty(n, n, device="cuda", dtype=torch.float16)
+    kernels.append((f"cp.async mma.sync {top}", lambda o=o1: MM.gemm_mma_raw(a, bt, o, top), o1))
+    for gm in groups:
+        cfg = replace(W.MMA_SYNC_TOP, GROUP_M=gm)
+        o = torch.empty(n, n, device="cuda", dtype=torch.float16)
+        kernels.append((f"TMA {cfg} g{gm}",
+                        lambda o=o, cfg=cfg: W.gemm_wgmma_raw(a, bt, o, cfg), o))
+    ow = torch.empty(n, n, device="cuda", dtype=torch.float16)
+    kernels.append((f"TMA {W.GEMM_DEFAULT} wgmma",
+                    lambda o=ow: W.gemm_wgmma_raw(a, bt, o, W.GEMM_DEFAULT), ow))
+    ok = []
+    for name, fn, o in kernels:
+        if o is not None:
+            o.fill_(float("nan"))
+            fn()
+            torch.cuda.synchronize()
+            err = float(((o.float() - ref).abs().max() / ref.abs().max()).item())
+            good = err < 2e-3
+            print(f"{n} {name:64} max rel err {err:.1e} {'ok' if good else 'WRONG'}")
+            if not good:
+                continue
+        ok.append((name, fn))
+    times = {name: [] for name, _ in ok}
+    for r in range(rounds):
+        for name, fn in ok if r % 2 == 0 else ok[::-1]:
+            times[name].append(bench.time_gpu(fn, repeat=5).median_ms)
+    lib = times["cuBLAS fp16"]
+    rows = []
+    for name, _ in ok:
+        pct = sorted(100 * b / m for b, m in zip(lib, times[name], strict=True))
+        med = sorted(times[name])[len(lib) // 2]
+        rows.append(dict(name=name, tflops=flop / med / 1e9, pct_rounds=pct[len(pct) // 2],
+                         pct_low=pct[0], pct_high=pct[-1]))
+    sus = {name: timing.sustained(fn) for name, fn in ok}
+    for row in rows:
+        s = sus[row["name"]]
+        row.update(sustained_tflops=flop / s["ms"] / 1e9, sm_mhz=s["sm_mhz"],
+                   power_w=s["power_w"],
+                   pct_sustained=100 * sus["cuBLAS fp16"]["ms"] / s["ms"])
+    print(f"== {n}^3  (rounds: median % of cuBLAS over {rounds} rounds; sustained ~1.5 s)")
+    for row in rows:
+        print(f"  {row['name']:64} {row['tflops']:6.1f} TFLOP/s {row['pct_rounds']:5.1f}% "
+              f"({row['pct_low']:.1f}-{row['pct_high']:.1f})  sustained "
+              f"{row['sustained_tflops']:6.1f} {row['pct_sustained']:5.1f}% "
+              f"{row['sm_mhz']} MHz {row['power_w']} W")
+    return rows
+
+
 def main() -> int:
     sizes = [int(v) for v in sys.argv[1].split(",")]
     groups = [int(v) for v in (sys.argv[2].split(",") if len(sys.argv) > 2 else ("8",))]
     rounds = int(os.environ.get("ROUNDS", "7"))
-    out_json = {}
-    for n in sizes:
-        a, bt = TC._inputs(n, torch, torch.float16)
-        ref = a.float() @ bt.float().T
-        flop = 2 * n**3
-        kernels = [("cuBLAS fp16", lambda: a @ bt.T, None)]
-        top = replace(MM.GEMM_TOP, EPI_SMEM=1)
-        o1 = torch.empty(n, n, device="cuda", dtype=torch.float16)
-        kernels.append((f"cp.async mma.sync {top}", lambda o=o1: MM.gemm_mma_raw(a, bt, o, top), o1))
-        for gm in groups:
-            cfg = replace(W.MMA_SYNC_TOP, GROUP_M=gm)
-            o = torch.empty(n, n, device="cuda", dtype=torch.float16)
-            kernels.append((f"TMA {cfg} g{gm}", lambda o=o, cfg=cfg: W.gemm_wgmma_raw(a, bt, o, cfg), o))
-        ow = torch.empty(n, n, device="cuda", dtype=torch.float16)
-        kernels.append((f"TMA {W.GEMM_DEFAULT} wgmma",
-                        lambda o=ow: W.gemm_wgmma_raw(a, bt, o, W.GEMM_DEFAULT), ow))
-        ok = []
-        for name, fn, o in kernels:
-            if o is not None:
-                o.fill_(float("nan"))
-                fn()
-                torch.cuda.synchronize()
-                err = float(((o.float() - ref).abs().max() / ref.abs().max()).item())
-                good = err < 2e-3
-                print(f"{n} {name:64} max rel err {err:.1e} {'ok' if good else 'WRONG'}")
-                if not good:
-                    continue
-            ok.append((name, fn))
-        times = {name: [] for name, _ in ok}
-        for r in range(rounds):
-            for name, fn in ok if r % 2 == 0 else ok[::-1]:
-                times[name].append(bench.time_gpu(fn, repeat=5).median_ms)
-        lib = times["cuBLAS fp16"]
-        rows = []
-        for name, fn in ok:
-            pct = sorted(100 * b / m for b, m in zip(lib, times[name], strict=True))
-            med = sorted(times[name])[len(lib) // 2]
-            rows.append(dict(name=name, tflops=flop / med / 1e9, pct_rounds=pct[len(pct) // 2],
-                             pct_low=pct[0], pct_high=pct[-1]))
-        sus = {name: timing.sustained(fn) for name, fn in ok}
-        for row in rows:
-            s = sus[row["name"]]
-            row.update(sustained_tflops=flop / s["ms"] / 1e9, sm_mhz=s["sm_mhz"],
-                       power_w=s["power_w"],
-                       pct_sustained=100 * sus["cuBLAS fp16"]["ms"] / s["ms"])
-        out_json[n] = rows
-        print(f"== {n}^3  (rounds: median % of cuBLAS over {rounds} rounds; sustained ~1.5 s)")
-        for row in rows:
-            print(f"  {row['name']:64} {row['tflops']:6.1f} TFLOP/s {row['pct_rounds']:5.1f}% "
-                  f"({row['pct_low']:.1f}-{row['pct_high']:.1f})  sustained "
-                  f"{row['sustained_tflops']:6.1f} {row['pct_sustained']:5.1f}% "
-                  f"{row['sm_mhz']} MHz {row['power_w']} W")
+    out_json = {n: race(n, groups, rounds) for n in sizes}
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "mma_tma_race.json"), "w") as f:
             json.dump(out_json, f, indent=1)
