@@ -407,3 +407,37 @@ def test_emulator_refuses_ptx_it_does_not_model():
             E.wg_emulated_source(SRC.replace(old, new))
     with pytest.raises(ValueError, match="does not model"):
         E.wg_emulated_source(SRC.replace("__syncthreads();", 'asm volatile("bar.sync 1;");', 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(300, 262, 200), (1030, 1040, 520), (2100, 4100, 136)],
+                         ids=str)
+def test_mma_sync_consumers_on_the_gpu(shape):
+    """The compiled mma.sync-consumer kernel on a Hopper GPU (not the emulation): odd
+    shapes (partial tiles, a K tail, N not a multiple of 8: the staged rows' element-wise
+    tail), fp32 and fp16 output poisoned with NaN, against float64 of the fp16 inputs;
+    persistent blocks walk several tiles each on the largest."""
+    from convlab.runtime import is_simulator
+
+    if is_simulator():
+        pytest.skip("needs a real CUDA GPU (this run uses the simulator)")
+    import cupy as cp
+
+    if cp.cuda.Device().compute_capability != "90":
+        pytest.skip("TMA needs compute capability 9.0")
+    M, N, K = shape
+    rng = np.random.default_rng(23)
+    a = cp.asarray(rng.standard_normal((M, K))).astype(cp.float16)
+    bt = cp.asarray(rng.standard_normal((N, K))).astype(cp.float16)
+    A, B = cp.asnumpy(a).astype(np.float64), cp.asnumpy(bt).astype(np.float64)
+    exp, absref = A @ B.T, np.abs(A) @ np.abs(B).T
+    bad = []
+    for cfg in (W3.MMA_SYNC_TOP, Wg(BN=128, CONSUMERS=1, STAGES=3, MMA_SYNC=1),
+                Wg(STAGES=3, MMA_SYNC=1, GROUP_M=16)):
+        for half in (False, True):
+            out = cp.full((M, N), np.nan, cp.float16 if half else cp.float32)
+            W3.gemm_wgmma_raw(a, bt, out, cfg)
+            err = E.rel_err(cp.asnumpy(out).astype(np.float64), exp, absref)
+            if not err < (2e-3 if half else 1e-5):
+                bad.append(f"{cfg} half={half}: max rel err {err:.1e}")
+    assert not bad, "\n".join(bad)

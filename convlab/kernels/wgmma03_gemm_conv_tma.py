@@ -87,8 +87,10 @@ class WgmmaConfig:
         return tuple(f"-D{k}={int(v)}" for k, v in sorted(vals.items()))
 
     def __str__(self) -> str:
-        return (f"{self.BM}x{self.BN}x64 s{self.STAGES} {self.CONSUMERS} consumers"
-                + (" mma.sync" if self.MMA_SYNC else ""))
+        if self.MMA_SYNC:
+            return (f"{self.BM}x{self.BN}x64 warp 64x{self.BN // 4} TMA s{self.STAGES} "
+                    f"{self.CONSUMERS} consumers")
+        return f"{self.BM}x{self.BN}x64 s{self.STAGES} {self.CONSUMERS} consumers"
 
 
 GEMM_DEFAULT = WgmmaConfig()

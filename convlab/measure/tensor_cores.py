@@ -160,6 +160,13 @@ def _pct(rows, base_name):
             prev = r["ms"]
 
 
+def tma_mma_sync_name() -> str:
+    """The row name of the mma.sync GEMM fed by TMA (fp32 output; + " (fp16 out)")."""
+    from ..kernels import wgmma03_gemm_conv_tma as WG
+
+    return f"mma.sync {WG.MMA_SYNC_TOP}"
+
+
 @section("mma_gemm", lessons=("12",))
 def mma_gemm(ctx):
     ctx.need("cupy", "torch.cuda")
@@ -195,21 +202,34 @@ def _mma_gemm_size(ctx, n):
     for cfg in MM.GEMM_FP16_OUT:
         checked(f"mma.sync {cfg} (fp16 out)", lambda cfg=cfg: MM.gemm_mma_raw(a, bt, o16, cfg),
                 dest=o16, rtol=tol16, fp16_out=True, tol=tol16)
+    # the same mma.sync math fed by TMA (Hopper only): a producer warpgroup, mbarriers
+    tma = tma_mma_sync_name()
+    if torch.cuda.get_device_capability() == (9, 0):
+        from ..kernels import wgmma03_gemm_conv_tma as WG
+
+        cfg = WG.MMA_SYNC_TOP
+        checked(tma, lambda: WG.gemm_wgmma_raw(a, bt, out, cfg), tma=True)
+        checked(f"{tma} (fp16 out)", lambda: WG.gemm_wgmma_raw(a, bt, o16, cfg), dest=o16,
+                rtol=tol16, fp16_out=True, tol=tol16, tma=True)
     _try(rows, "cuBLAS fp16", lambda: _library_row(ctx, "cuBLAS fp16", lambda: a @ bt.T, flops,
                                                    "fp16"))
     _pct(rows, "cuBLAS fp16")
     best = max((r for r in rows if r.get("tflops") and "cuBLAS" not in r["name"]),
                key=lambda r: r["tflops"], default=None)
-    # the fastest fp32-out and fp16-out kernels again, back to back against cuBLAS
+    # the fastest fp32-out and fp16-out kernels again, back to back against cuBLAS, and
+    # the staged cp.async tile if it is not one of them
+    good = {r["name"] for r in rows if r.get("tflops")}
     ours = [max((r for r in rows if r.get("tflops") and "cuBLAS" not in r["name"]
                  and bool(r.get("fp16_out")) == f16), key=lambda r: r["tflops"], default=None)
             for f16 in (False, True)]
+    names = list(dict.fromkeys([r["name"] for r in ours if r] + [
+        n for n in [f"mma.sync {MM.GEMM_FP16_OUT[2]} (fp16 out)"] if n in good]))
     sustained = _sustained_race(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
-        (r["name"], runs[r["name"]]) for r in ours if r], flops)
+        (name, runs[name]) for name in names], flops)
     # the top tile (fp32 out) and the top fp16-output tiles, each in short bursts beside
     # cuBLAS, round after round: the ratio without the drift between one row and the next
-    tops = [f"mma.sync {MM.GEMM_TOP}"] + [f"mma.sync {c} (fp16 out)" for c in MM.GEMM_FP16_OUT[1:]]
-    good = {r["name"] for r in rows if r.get("tflops")}
+    tops = ([f"mma.sync {MM.GEMM_TOP}"] + [f"mma.sync {c} (fp16 out)" for c in MM.GEMM_FP16_OUT[1:]]
+            + [f"{tma} (fp16 out)"])
     burst_rounds = _burst_rounds(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
         (name, runs[name]) for name in tops if name in good], flops)
     return dict(n=n, tol=tol, rows=rows, best=best and best["name"], sustained=sustained,
