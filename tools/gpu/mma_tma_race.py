@@ -1,7 +1,11 @@
 """mma.sync fed by TMA (wgmma03's producer warpgroup and mbarrier ring, consumers on
 ldmatrix + mma.sync) beside the cp.async mma.sync tile and cuBLAS fp16, fp16 in and out.
 
-    ROUNDS=7 python3 tools/gpu/mma_tma_race.py 4096,8192 [GROUP_M,...]
+    ROUNDS=7 python3 tools/gpu/mma_tma_race.py 4096,8192 [SPEC ...]
+
+SPEC: WgmmaConfig fields over MMA_SYNC_TOP (GROUP_M=16,STAGES=4) and SRC=path for another
+copy of wgmma_tma.cu (same kernel signature), to time a change against the tree in one
+process; default: MMA_SYNC_TOP as it is.
 
 Each kernel is checked against the fp32 product of the fp16 inputs, then timed as
 mma_profile.py does (ROUNDS rounds of one short burst each, the order reversed every other
@@ -13,6 +17,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import convlab
 
@@ -26,7 +31,41 @@ from convlab.measure import tensor_cores as TC  # noqa: E402
 from convlab.measure import timing  # noqa: E402
 
 
-def race(n, groups, rounds):
+def parse(spec: str):
+    kw = dict(p.split("=") for p in spec.split(",") if p)
+    src = kw.pop("SRC", None)
+    return replace(W.MMA_SYNC_TOP, **{k: int(v) for k, v in kw.items()}), src
+
+
+def runner(cfg, src):
+    """gemm_wgmma_raw(a, bt, out) with the kernel compiled from `src` (None: the tree's)."""
+    if src is None:
+        return lambda a, bt, o: W.gemm_wgmma_raw(a, bt, o, cfg)
+    import cupy as cp
+
+    from convlab.kernels._nvrtc import nvrtc_ptx
+
+    fns = {}
+
+    def run(a, bt, o):
+        half = o.dtype == torch.float16
+        if half not in fns:
+            path = Path(f"/tmp/race_{abs(hash((src, cfg, half)))}.ptx")
+            path.write_text(nvrtc_ptx(Path(src).read_text(), "wgmma_tma.cu", (), W.ARCH,
+                                      options=cfg.validate().defines(CONV=0, F16=1,
+                                                                     OUT_HALF=int(half))))
+            fn = cp.RawModule(path=str(path)).get_function("wgmma_tma_kernel")
+            fn.max_dynamic_shared_size_bytes = cfg.smem_bytes(half)
+            fns[half] = fn
+        tree, W._kernel = W._kernel, lambda *args: fns[half]
+        try:
+            W.gemm_wgmma_raw(a, bt, o, cfg)
+        finally:
+            W._kernel = tree
+    return run
+
+
+def race(n, specs, rounds):
     a, bt = TC._inputs(n, torch, torch.float16)
     ref = a.float() @ bt.float().T
     flop = 2 * n**3
@@ -34,11 +73,11 @@ def race(n, groups, rounds):
     top = replace(MM.GEMM_TOP, EPI_SMEM=1)
     o1 = torch.empty(n, n, device="cuda", dtype=torch.float16)
     kernels.append((f"cp.async mma.sync {top}", lambda o=o1: MM.gemm_mma_raw(a, bt, o, top), o1))
-    for gm in groups:
-        cfg = replace(W.MMA_SYNC_TOP, GROUP_M=gm)
+    for spec in specs:
+        fn = runner(*parse(spec))
         o = torch.empty(n, n, device="cuda", dtype=torch.float16)
-        kernels.append((f"TMA {cfg} g{gm}",
-                        lambda o=o, cfg=cfg: W.gemm_wgmma_raw(a, bt, o, cfg), o))
+        kernels.append((f"TMA mma.sync {spec or 'MMA_SYNC_TOP'}",
+                        lambda o=o, fn=fn: fn(a, bt, o), o))
     ow = torch.empty(n, n, device="cuda", dtype=torch.float16)
     kernels.append((f"TMA {W.GEMM_DEFAULT} wgmma",
                     lambda o=ow: W.gemm_wgmma_raw(a, bt, o, W.GEMM_DEFAULT), ow))
@@ -82,9 +121,9 @@ def race(n, groups, rounds):
 
 def main() -> int:
     sizes = [int(v) for v in sys.argv[1].split(",")]
-    groups = [int(v) for v in (sys.argv[2].split(",") if len(sys.argv) > 2 else ("8",))]
+    specs = sys.argv[2:] or [""]
     rounds = int(os.environ.get("ROUNDS", "7"))
-    out_json = {n: race(n, groups, rounds) for n in sizes}
+    out_json = {n: race(n, specs, rounds) for n in sizes}
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "mma_tma_race.json"), "w") as f:
             json.dump(out_json, f, indent=1)

@@ -324,15 +324,21 @@ wgmma_tma_kernel(const u64* __restrict__ maps, void* __restrict__ Cout, int M, i
         const int ar = c * 64 + (lane & 15), br = w * WNW + (lane & 7) + ((lane >> 4) << 3);
         const unsigned a_off = ar * 128 + (((lane >> 4) ^ (ar & 7)) << 4);
         const unsigned b_off = br * 128 + ((((lane >> 3) & 1) ^ (br & 7)) << 4);
-        const unsigned sA0 = smem_addr(sA), sB0 = smem_addr(sB);
+        // per step kk, the lane's row address in slot 0: the XOR touches bits 5-6 only, which
+        // a slot's offset (a multiple of 1024) and 16 rows (2048) leave alone, so both add on
+        unsigned a_kk[BK / 16], b_kk[BK / 16];
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            a_kk[kk] = (smem_addr(sA) + a_off) ^ (kk << 5);
+            b_kk[kk] = (smem_addr(sB) + b_off) ^ (kk << 5);
+        }
         float acc[4][NI][4];
         unsigned af[2][4][4], bf[2][NI / 2][4];
         auto load_frags = [&](unsigned (&a)[4][4], unsigned (&b)[NI / 2][4], int s, int kk) {
-            const unsigned as = sA0 + s * A_BYTES + a_off, bs = sB0 + s * B_BYTES + b_off;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) ldsm_x4(a[i], (as + 2048 * i) ^ (kk << 5));
+            for (int i = 0; i < 4; ++i) ldsm_x4(a[i], a_kk[kk] + s * A_BYTES + 2048 * i);
 #pragma unroll
-            for (int j = 0; j < NI / 2; ++j) ldsm_x4(b[j], (bs + 2048 * j) ^ (kk << 5));
+            for (int j = 0; j < NI / 2; ++j) ldsm_x4(b[j], b_kk[kk] + s * B_BYTES + 2048 * j);
         };
         int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
