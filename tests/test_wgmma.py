@@ -441,3 +441,18 @@ def test_mma_sync_consumers_on_the_gpu(shape):
             if not err < (2e-3 if half else 1e-5):
                 bad.append(f"{cfg} half={half}: max rel err {err:.1e}")
     assert not bad, "\n".join(bad)
+
+
+def test_conv_refuses_the_mma_sync_consumers():
+    """They store GEMM rows: a conv launch with them must not run (the launcher refuses,
+    and the source does not compile with CONV)."""
+    from convlab.kernels._launch import Unsupported
+
+    x = np.zeros((1, 8, 8, 64), np.float16)
+    w = np.zeros((64, 3, 3, 64), np.float16)
+    y = np.zeros((1, 8, 8, 64), np.float32)
+    with pytest.raises(Unsupported, match="GEMM only"):
+        W3.conv2d_wgmma_nhwc(x, w, y, padding=1, cfg=W3.MMA_SYNC_TOP)
+    if nvrtc_available():
+        with pytest.raises(RuntimeError, match="GEMM only"):
+            W3.compile_ptx(W3.MMA_SYNC_TOP, conv=True)

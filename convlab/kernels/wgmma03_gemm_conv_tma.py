@@ -13,6 +13,10 @@ changes from ``mma.sync`` (mma02):
   into an mbarrier; one thread issues the copies of a block (warp specialization: a
   producer warpgroup, CONSUMERS math warpgroups).
 
+``MMA_SYNC=1`` keeps the producer, the ring and the mbarriers and has the consumers multiply
+with ``ldmatrix`` + ``mma.sync`` (mma02's math): the copies' share of the difference,
+measured apart from the multiply's (GEMM only).
+
 ``mma.sync`` on Hopper issues below the wgmma rate: even on registers alone, with no
 loads (``csrc/mma_peak.cu``), it stays under what cuBLAS's wgmma kernel sustains on a
 whole GEMM; and its operands must pass through registers (``ldmatrix``), where one wgmma
@@ -244,6 +248,9 @@ def conv2d_wgmma_nhwc(x, w, out, padding=0, dilation=1, cfg: WgmmaConfig | None 
     _check(name, "out", out, (Nb, p.P, p.Q, K), ("float32", _kind(x)))
     if C % 64 or K % 2:
         raise Unsupported(f"{name}: needs C % 64 == 0 and K even, got C={C}, K={K}")
+    if cfg is not None and cfg.MMA_SYNC:
+        raise Unsupported(f"{name}: the mma.sync consumers (MMA_SYNC) are written for the "
+                          "GEMM only")
     require_hopper()
     cfg = (cfg or choose_conv(K)).validate()
     kind = _kind(x)

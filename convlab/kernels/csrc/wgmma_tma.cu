@@ -15,6 +15,10 @@
 // the accumulators (BN / 2 floats per thread) in registers. setmaxnreg moves registers
 // from the producer (which needs few) to the consumers.
 //
+// With -DMMA_SYNC=1 the consumers multiply with ldmatrix + mma.sync instead (each warp 64
+// rows by BN / 4 columns, as the cp.async mma.sync tile's warps do), everything else
+// unchanged: the same math as mma_sync.cu's top tile, fed by TMA and mbarriers.
+//
 // Shared-memory tiles use the 128-byte swizzle: rows of 64 halves (128 bytes), 16-byte
 // chunk j of row r stored at chunk j ^ (r % 8). TMA writes that layout and wgmma's matrix
 // descriptor (swizzle mode 1, 1024 bytes between 8-row groups) reads it, so neither side
@@ -63,6 +67,7 @@
 #endif
 
 static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma n is 64, 128 or 256 here");
+static_assert(!(MMA_SYNC && CONV), "the mma.sync consumers are written for the GEMM only");
 
 typedef unsigned long long u64;
 
