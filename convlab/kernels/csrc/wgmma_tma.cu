@@ -68,6 +68,8 @@
 
 static_assert(BN == 64 || BN == 128 || BN == 256, "wgmma n is 64, 128 or 256 here");
 static_assert(!(MMA_SYNC && CONV), "the mma.sync consumers are written for the GEMM only");
+static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0,
+              "the 128-byte swizzle (TMA, descriptors, ldmatrix XORs) needs 1024-byte slots");
 
 typedef unsigned long long u64;
 
