@@ -93,15 +93,31 @@ def _unusual(dest: Path) -> Path:
     return dest
 
 
+def _write_families(folder: Path, out: Path, names) -> None:
+    """One submission per attack family in `names`, writing (if it can) to out and to a
+    decoy results file under folder."""
+    decoy = folder / "decoy" / "results.json"
+    for name in names:
+        submission(folder / f"{name}.ipynb", *FAMILIES[name][0], replace={
+            "@OUT@": str(out / f"{name}.results.json"), "/tmp/results.json": str(decoy),
+            "@FIXTURE@": str(FIXTURE), "@ROOT@": str(ROOT)})
+
+
+def _check_family(data: dict, name: str) -> None:
+    """Each task of family `name` scored and explained as FAMILIES says, and no more."""
+    tests = by_task(data)
+    for task, (score, pattern) in FAMILIES[name][1].items():
+        assert tests[task]["score"] == score, (name, task, tests[task]["output"])
+        assert re.search(pattern, tests[task]["output"], re.S), (name, task,
+                                                                 tests[task]["output"])
+    assert data["score"] == sum(s for s, _ in FAMILIES[name][1].values())
+
+
 @pytest.fixture(scope="session")  # session: xdist may interleave other files
 def families(tmp_path_factory):
     folder = tmp_path_factory.mktemp("families")
     out = folder / "graded"
-    decoy = folder / "decoy" / "results.json"
-    for name, (files, _) in FAMILIES.items():
-        submission(folder / f"{name}.ipynb", *files, replace={
-            "@OUT@": str(out / f"{name}.results.json"), "/tmp/results.json": str(decoy),
-            "@FIXTURE@": str(FIXTURE), "@ROOT@": str(ROOT)})
+    _write_families(folder, out, FAMILIES)
     _unusual(folder / "unusual.ipynb")
     rows = grade_batch(folder, out, jobs=2, instructor=FIXTURE, cell_timeout=CELL_TIMEOUT,
                        progress=False)
@@ -115,12 +131,7 @@ def families(tmp_path_factory):
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_attack_family_scores_no_more_than_fair(families, name):
     _, _, results = families
-    data = results[name]
-    tests = by_task(data)
-    for task, (score, pattern) in FAMILIES[name][1].items():
-        assert tests[task]["score"] == score, (task, tests[task]["output"])
-        assert re.search(pattern, tests[task]["output"], re.S), (task, tests[task]["output"])
-    assert data["score"] == sum(s for s, _ in FAMILIES[name][1].values())
+    _check_family(results[name], name)
 
 
 def test_unusual_correct_answers_score_full(families):
@@ -157,7 +168,6 @@ def test_isolation_is_reported(families):
         assert "no OS isolation" in results["checkers"]["output"]
 
 
-
 @pytest.mark.gpu
 def test_attack_families_on_a_gpu(tmp_path):
     """numba's real device arrays (mode "gpu"): host copies are counted through
@@ -165,19 +175,12 @@ def test_attack_families_on_a_gpu(tmp_path):
     started refuses the GPU task's call, as under the simulator."""
     names = ("offload", "numpy", "thread", "package")
     out = tmp_path / "graded"
-    for name in names:
-        submission(tmp_path / f"{name}.ipynb", *FAMILIES[name][0], replace={
-            "@OUT@": str(out / f"{name}.results.json"), "@FIXTURE@": str(FIXTURE),
-            "@ROOT@": str(ROOT)})
+    _write_families(tmp_path, out, names)
     grade_batch(tmp_path, out, jobs=1, instructor=FIXTURE, cell_timeout=120, mode="gpu",
                 progress=False)
     for name in names:
-        data = json.loads((out / f"{name}.results.json").read_text())
-        tests = by_task(data)
-        for task, (score, pattern) in FAMILIES[name][1].items():
-            assert tests[task]["score"] == score, (name, task, tests[task]["output"])
-            assert re.search(pattern, tests[task]["output"], re.S), (name, task,
-                                                                     tests[task]["output"])
+        _check_family(json.loads((out / f"{name}.results.json").read_text()), name)
+
 
 # ----------------------------------------------------------------------------------------
 # Breaking grading for others
