@@ -160,13 +160,6 @@ def _pct(rows, base_name):
             prev = r["ms"]
 
 
-def tma_mma_sync_name() -> str:
-    """The row name of the mma.sync GEMM fed by TMA (fp32 output; + " (fp16 out)")."""
-    from ..kernels import wgmma03_gemm_conv_tma as WG
-
-    return f"mma.sync {WG.MMA_SYNC_TOP}"
-
-
 @section("mma_gemm", lessons=("12",))
 def mma_gemm(ctx):
     ctx.need("cupy", "torch.cuda")
@@ -177,6 +170,7 @@ def _mma_gemm_size(ctx, n):
     import torch
 
     from ..kernels import mma02_gemm_conv_cuda as MM
+    from ..kernels import wgmma03_gemm_conv_tma as WG
     from ..kernels import wmma01_gemm_cuda as WM
 
     a, bt = _inputs(n, torch, torch.float16)
@@ -203,14 +197,11 @@ def _mma_gemm_size(ctx, n):
         checked(f"mma.sync {cfg} (fp16 out)", lambda cfg=cfg: MM.gemm_mma_raw(a, bt, o16, cfg),
                 dest=o16, rtol=tol16, fp16_out=True, tol=tol16)
     # the same mma.sync math fed by TMA (Hopper only): a producer warpgroup, mbarriers
-    tma = tma_mma_sync_name()
+    tma = f"mma.sync {WG.MMA_SYNC_TOP}"
     if torch.cuda.get_device_capability() == (9, 0):
-        from ..kernels import wgmma03_gemm_conv_tma as WG
-
-        cfg = WG.MMA_SYNC_TOP
-        checked(tma, lambda: WG.gemm_wgmma_raw(a, bt, out, cfg), tma=True)
-        checked(f"{tma} (fp16 out)", lambda: WG.gemm_wgmma_raw(a, bt, o16, cfg), dest=o16,
-                rtol=tol16, fp16_out=True, tol=tol16, tma=True)
+        checked(tma, lambda: WG.gemm_wgmma_raw(a, bt, out, WG.MMA_SYNC_TOP))
+        checked(f"{tma} (fp16 out)", lambda: WG.gemm_wgmma_raw(a, bt, o16, WG.MMA_SYNC_TOP),
+                dest=o16, rtol=tol16, fp16_out=True, tol=tol16)
     _try(rows, "cuBLAS fp16", lambda: _library_row(ctx, "cuBLAS fp16", lambda: a @ bt.T, flops,
                                                    "fp16"))
     _pct(rows, "cuBLAS fp16")
@@ -222,8 +213,10 @@ def _mma_gemm_size(ctx, n):
     ours = [max((r for r in rows if r.get("tflops") and "cuBLAS" not in r["name"]
                  and bool(r.get("fp16_out")) == f16), key=lambda r: r["tflops"], default=None)
             for f16 in (False, True)]
-    names = list(dict.fromkeys([r["name"] for r in ours if r] + [
-        n for n in [f"mma.sync {MM.GEMM_FP16_OUT[2]} (fp16 out)"] if n in good]))
+    names = [r["name"] for r in ours if r]
+    staged = f"mma.sync {MM.GEMM_FP16_OUT[2]} (fp16 out)"
+    if staged in good and staged not in names:
+        names.append(staged)
     sustained = _sustained_race(ctx, [("cuBLAS fp16", lambda: a @ bt.T)] + [
         (name, runs[name]) for name in names], flops)
     # the top tile (fp32 out) and the top fp16-output tiles, each in short bursts beside
