@@ -70,11 +70,11 @@ class WgmmaConfig:
         return 128 * (self.CONSUMERS + 1)
 
     def smem_bytes(self, out_half: bool = False) -> int:
-        """The slots, a kilobyte for the mbarriers, 1024 for the alignment; with MMA_SYNC
-        and a half output, each consumer warp's staged rows (64 x (BN / 4 + 8) halves)."""
+        """The slots, their mbarriers, 1024 for the alignment; with MMA_SYNC and a half
+        output, each consumer warp's staged rows (64 x (BN / 4 + 8) halves)."""
         staged = 4 * self.CONSUMERS * 64 * (self.BN // 4 + 8) * 2 if (
             self.MMA_SYNC and out_half) else 0
-        return self.STAGES * (self.BM + self.BN) * 64 * 2 + 1024 + 1024 + staged
+        return self.STAGES * (self.BM + self.BN) * 64 * 2 + 16 * self.STAGES + 1024 + staged
 
     def validate(self) -> WgmmaConfig:
         if self.BN not in (64, 128, 256):

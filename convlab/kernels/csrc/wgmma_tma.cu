@@ -57,8 +57,8 @@
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
 // MMA_SYNC with OUT_HALF: each consumer warp's staged output rows (64 of BN / 4 + 8
-// halves) after the slots and a kilobyte for the mbarriers
-#define EPI_OFF (STAGES * (A_BYTES + B_BYTES) + 1024)
+// halves) after the slots and their mbarriers (full and empty, 8 bytes each)
+#define EPI_OFF (STAGES * (A_BYTES + B_BYTES) + 16 * STAGES)
 #define EROW (BN / 4 + 8)
 #if F16
 #define WG_T "f16"
