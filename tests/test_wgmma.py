@@ -10,7 +10,8 @@
 - The tile walk (``tile_coords``) covers every output tile exactly once.
 - The kernel's CUDA C runs on the CPU (tools/mma_emulate.py: wgmma, TMA copies and
   mbarriers modelled, every thread a fiber) through the real launchers, persistent blocks
-  walking several tiles; planted pipeline and gather bugs make it fail.
+  walking several tiles, with wgmma and with the mma.sync consumers (MMA_SYNC); planted
+  pipeline and gather bugs make it fail.
 """
 
 from __future__ import annotations
@@ -256,6 +257,7 @@ REAL = [E.WgSpec(W3.GEMM_DEFAULT, f16=True), E.WgSpec(G1, f16=True),
         E.WgSpec(Wg(BN=128, CONSUMERS=1, STAGES=3, MMA_SYNC=1), f16=True)]
 GEMM_SHAPE = (150, 200, 328)   # two block rows, partial tiles, 6 slabs with a K tail
 CONV_X, CONV_W = (2, 6, 7, 128), (10, 3, 3, 128)   # NHWC, KRSC: 2 channel slabs per (r, s)
+
 
 def _moved_arrive(src: str) -> tuple[str, str]:
     """(text, replacement): the mma.sync consumer's release of a slot moved from after its
