@@ -26,6 +26,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import baselines, check, problems
+from . import timing
 from .harness import Group, Skip
 from .lessons12_13 import gpu_compare, rtol_for
 
@@ -124,25 +125,18 @@ def _sustained_race(ctx, pairs, flops, rounds=2):
 
 
 def _burst_rounds(ctx, pairs, flops, rounds=9):
-    """Each (name, run) for one short burst (`clock.time_gpu`, 5 groups of ~2 ms), in turn,
-    `rounds` times, the order reversed every other round, so that a kernel and the library
-    are timed seconds apart on the card as it is then; per kernel the median ms and the
-    median over rounds of the first kernel's (the library's) time over its own in that
-    round, with the lowest and highest of those ratios."""
-    runs = {name: [] for name, _ in pairs}
-    for k in range(rounds):
-        for name, run in pairs if k % 2 == 0 else pairs[::-1]:
-            runs[name].append(ctx.clock.time_gpu(run, repeat=5).median_ms)
+    """`timing.burst_rounds` of (name, run) pairs, the library first, each burst
+    `clock.time_gpu` (5 groups of ~2 ms): per kernel the median ms, TFLOP/s and the median
+    over rounds of the library's time over its own in that round, with its range."""
     lib = pairs[0][0]
     rows = []
-    for name, ms in runs.items():
-        pct = [100 * a / b for a, b in zip(runs[lib], ms, strict=True)]
-        med = float(np.median(ms))
-        rows.append(dict(name=name, ms=med, tflops=flops / med / 1e9,
-                         pct_library=float(np.median(pct)), pct_low=min(pct), pct_high=max(pct),
-                         ms_rounds=[float(v) for v in ms]))
-        ctx.log(f"{name} burst rounds: {med:.3f} ms, {rows[-1]['pct_library']:.1f}% of {lib} "
-                f"({min(pct):.1f}-{max(pct):.1f})")
+    for name, r in timing.burst_rounds(
+            pairs, lambda run: ctx.clock.time_gpu(run, repeat=5).median_ms, rounds).items():
+        rows.append(dict(name=name, ms=r["ms"], tflops=flops / r["ms"] / 1e9,
+                         pct_library=r["pct_library"], pct_low=r["pct_low"],
+                         pct_high=r["pct_high"], ms_rounds=r["ms_rounds"]))
+        ctx.log(f"{name} burst rounds: {r['ms']:.3f} ms, {r['pct_library']:.1f}% of {lib} "
+                f"({r['pct_low']:.1f}-{r['pct_high']:.1f})")
     return dict(rows=rows, library=lib, rounds=rounds,
                 note="one short burst per kernel in turn, order reversed every other round; "
                      "% of the library: median over rounds of the per-round ratio")

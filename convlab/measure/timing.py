@@ -164,3 +164,22 @@ def sustained(fn, *args, seconds: float = 1.5, sample_ms: int = 20, **kwargs) ->
                        max_temp_c=max(r[2] for r in s), reasons=clock_reasons(mask),
                        samples=len(s))
     return out
+
+
+def burst_rounds(pairs, time_ms, rounds: int) -> dict:
+    """Each (name, run) of `pairs` timed by `time_ms(run)` (one short burst, ms) in turn,
+    `rounds` times, the order reversed every other round: kernels seconds apart are timed
+    on the card as it is then. Per name: `ms`, the median over rounds; `pct_library`, the
+    median over rounds of the first pair's ms over this one's in the same round (%), with
+    `pct_low` / `pct_high`, the lowest and highest; `ms_rounds`, every round's ms."""
+    runs = {name: [] for name, _ in pairs}
+    for k in range(rounds):
+        for name, run in pairs if k % 2 == 0 else pairs[::-1]:
+            runs[name].append(time_ms(run))
+    lib = runs[pairs[0][0]]
+    out = {}
+    for name, ms in runs.items():
+        pct = [100 * a / b for a, b in zip(lib, ms, strict=True)]
+        out[name] = dict(ms=float(np.median(ms)), pct_library=float(np.median(pct)),
+                         pct_low=min(pct), pct_high=max(pct), ms_rounds=[float(v) for v in ms])
+    return out

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from convlab import bench  # noqa: E402
 from convlab.kernels import mma02_gemm_conv_cuda as MM  # noqa: E402
 from convlab.measure import tensor_cores as TC  # noqa: E402
+from convlab.measure import timing  # noqa: E402
 
 
 def parse(spec: str):
@@ -80,23 +81,15 @@ def main() -> int:
                       f"smem {cfg.smem_bytes() // 1024:3} KiB err {err:.1e}")
     # each round: cuBLAS and every spec, one burst each, the order reversed every other
     # round; per spec the median over rounds of cuBLAS's time over its own in that round
-    entries = [("cuBLAS fp16", None, None, None)] + checked
-    times = {name: [] for name, _, _, _ in entries}
-    for r in range(rounds):
-        for spec, cfg, out, src in entries if r % 2 == 0 else entries[::-1]:
-            if cfg is None:
-                fn = lambda: a @ bt.T  # noqa: E731
-            else:
-                use_source(src)
-                fn = lambda cfg=cfg, out=out: MM.gemm_mma_raw(a, bt, out, cfg)  # noqa: E731
-            times[spec].append(bench.time_gpu(fn, repeat=5).median_ms)
-    lib = times["cuBLAS fp16"]
-    for spec, ms in times.items():
-        pct = sorted(100 * b / m for b, m in zip(lib, ms, strict=True))
-        med = sorted(ms)[len(ms) // 2]
-        print(f"{spec:44} {info.get(spec, ''):44} {flop / med / 1e9:6.1f} TFLOP/s "
-              f"{pct[len(pct) // 2]:5.1f}% of cuBLAS ({pct[0]:.1f}-{pct[-1]:.1f}, "
-              f"{len(ms)} rounds)")
+    pairs = [("cuBLAS fp16", lambda: a @ bt.T)] + [
+        (spec, lambda cfg=cfg, out=out, src=src: (use_source(src),
+                                                    MM.gemm_mma_raw(a, bt, out, cfg)))
+        for spec, cfg, out, src in checked]
+    race = timing.burst_rounds(pairs, lambda fn: bench.time_gpu(fn, repeat=5).median_ms, rounds)
+    for spec, r in race.items():
+        print(f"{spec:44} {info.get(spec, ''):44} {flop / r['ms'] / 1e9:6.1f} TFLOP/s "
+              f"{r['pct_library']:5.1f}% of cuBLAS ({r['pct_low']:.1f}-{r['pct_high']:.1f}, "
+              f"{rounds} rounds)")
     return 0
 
 

@@ -93,17 +93,9 @@ def race(n, specs, rounds):
             if not good:
                 continue
         ok.append((name, fn))
-    times = {name: [] for name, _ in ok}
-    for r in range(rounds):
-        for name, fn in ok if r % 2 == 0 else ok[::-1]:
-            times[name].append(bench.time_gpu(fn, repeat=5).median_ms)
-    lib = times["cuBLAS fp16"]
-    rows = []
-    for name, _ in ok:
-        pct = sorted(100 * b / m for b, m in zip(lib, times[name], strict=True))
-        med = sorted(times[name])[len(lib) // 2]
-        rows.append(dict(name=name, tflops=flop / med / 1e9, pct_rounds=pct[len(pct) // 2],
-                         pct_low=pct[0], pct_high=pct[-1]))
+    race = timing.burst_rounds(ok, lambda fn: bench.time_gpu(fn, repeat=5).median_ms, rounds)
+    rows = [dict(name=name, tflops=flop / r["ms"] / 1e9, pct_rounds=r["pct_library"],
+                 pct_low=r["pct_low"], pct_high=r["pct_high"]) for name, r in race.items()]
     sus = {name: timing.sustained(fn) for name, fn in ok}
     for row in rows:
         s = sus[row["name"]]
