@@ -2,6 +2,7 @@
 # One GPU call of several named steps, each under its own time limit, most important first;
 # results and logs go to $OUT/results.tgz and a summary is printed last.
 #   STEPS="bench lessons04_06 tests" BUDGET=560 COMMIT=<tree> bash tools/gpu/h200_call.sh
+#   REQUIRE=H200 ...: stop at once (exit 3) on a card whose name lacks it
 # Steps: bench (ladder + GEMM ladder + batch sweep, Triton beside), lessons04_06 (measure),
 # profile (ncu), call_time, census (ResNet-18, into the stored lessons12_13 file),
 # tests (GPU-marked tests of the kernels, Triton, speed grading), calibrate (grade --gpu of
@@ -23,6 +24,12 @@ export COMMIT
 OUT=${OUT:-/tmp/convlab_out}
 W=/tmp/convlab_session
 mkdir -p "$OUT" "$W/res" "$W/logs"
+# REQUIRE=H200: a call that only an H200 can settle stops here on any other card (seconds,
+# not the steps' minutes of device time)
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n1)
+if [ -n "${REQUIRE:-}" ] && ! echo "$card" | grep -q "$REQUIRE"; then
+  echo "not a $REQUIRE: $card; no step run"; exit 3
+fi
 . tools/device_env.sh
 T0=$(date +%s)
 SUMMARY=""
