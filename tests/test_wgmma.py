@@ -349,13 +349,10 @@ def _run_case(wemu, state, i, rng) -> str:
     tol = 2e-3 if s.out_half else 1e-5
     if not s.conv:
         M, N, K = GEMM_SHAPE
-        a = rng.standard_normal((M, K)).astype(np.float16)
-        bt = rng.standard_normal((N, K)).astype(np.float16)
+        a, bt, exp, absr = E.fp16_operands(M, N, K, rng)
         buf, out = _guarded((M, N), np.float16 if s.out_half else np.float32, s.cfg.BM * N)
         state["operands"] = [a, bt]
         W3.gemm_wgmma_raw(a, bt, out, cfg=s.cfg)
-        A, B = a.astype(np.float64), bt.astype(np.float64)
-        exp, absr = A @ B.T, np.abs(A) @ np.abs(B).T
     else:
         x = rng.standard_normal(CONV_X).astype(np.float16)
         w = rng.standard_normal(CONV_W).astype(np.float16)
@@ -429,10 +426,8 @@ def test_mma_sync_consumers_on_the_gpu(shape):
         pytest.skip("TMA needs compute capability 9.0")
     M, N, K = shape
     rng = np.random.default_rng(23)
-    a = cp.asarray(rng.standard_normal((M, K))).astype(cp.float16)
-    bt = cp.asarray(rng.standard_normal((N, K))).astype(cp.float16)
-    A, B = cp.asnumpy(a).astype(np.float64), cp.asnumpy(bt).astype(np.float64)
-    exp, absref = A @ B.T, np.abs(A) @ np.abs(B).T
+    a, bt, exp, absref = E.fp16_operands(M, N, K, rng)
+    a, bt = cp.asarray(a), cp.asarray(bt)
     bad = []
     for cfg in (W3.MMA_SYNC_TOP, Wg(BN=128, CONSUMERS=1, STAGES=3, MMA_SYNC=1),
                 Wg(STAGES=3, MMA_SYNC=1, GROUP_M=16)):

@@ -1028,6 +1028,15 @@ def rel_err(out, exp, absref) -> float:
     return float(np.max(np.abs(out - exp) / (absref + 1e-30)))
 
 
+def fp16_operands(M, N, K, rng):
+    """Random fp16 A (M x K) and B^T (N x K) with their float64 product A @ B^T and
+    |A| @ |B|^T, the scale `rel_err` divides by."""
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    bt = rng.standard_normal((N, K)).astype(np.float16)
+    A, B = a.astype(np.float64), bt.astype(np.float64)
+    return a, bt, A @ B.T, np.abs(A) @ np.abs(B).T
+
+
 def gemm_case(em, i, M, N, K, rng, late=True, sms=None) -> float:
     s = em.specs[i]
     a32, b32 = rng.standard_normal((M, K)), rng.standard_normal((N, K))
