@@ -66,3 +66,61 @@ def test_check_bank_conflicts_tells_the_layouts_apart():
         check.check_bank_conflicts(GEMM_LADDER["register_blocked"], a, b, out, quiet=True)
     assert "1.00-way" in check.check_bank_conflicts(GEMM_LADDER["double_buffered"], a, b, out,
                                                     quiet=True)
+
+
+def _barrier_launcher(per_step):
+    """A launcher whose block b passes steps[b] * `per_step` barriers; thread 3 of every
+    block leaves before the first (a thread that has exited does not hold a barrier)."""
+    from numba import cuda
+
+    @cuda.jit
+    def kernel(a, steps):
+        t, b = cuda.threadIdx.x, cuda.blockIdx.x
+        if t == 3:
+            return
+        for _ in range(steps[b]):
+            for _ in range(per_step):
+                cuda.syncthreads()
+        a[b * cuda.blockDim.x + t] = b
+
+    def run(a, steps):
+        kernel[3, 8](a, steps)
+        return a
+
+    return run
+
+
+def test_check_barriers_per_block_counts_each_blocks_barriers(tmp_path):
+    from convlab.grading import wire
+    from convlab.grading.remote import RemoteTrace
+    from convlab.grading.worker import facts
+    from convlab.runtime import cuda
+    from convlab.trace import trace_launch
+
+    c = cuda()
+    a, steps = c.device_array(24, np.float32), c.to_device(np.array([4, 4, 4], np.int64))
+    once = _barrier_launcher(1)
+    assert "every block passed 4" in check.check_barriers_per_block(once, a, steps, expected=4,
+                                                                    quiet=True)
+    with pytest.raises(check.CheckError, match=r"block \[0, 0, 0\] of kernel passed 8 "
+                       r"cuda.syncthreads\(\) barrier\(s\), the task asks for 4 \(one per "
+                       r"slab\); 3 of 3 blocks differ\n  hint: every extra barrier"):
+        check.check_barriers_per_block(_barrier_launcher(2), a, steps, expected=4,
+                                       why="one per slab", quiet=True)
+    # one block short (its loop stops a step early): named, and the hint turns around
+    short = c.to_device(np.array([4, 3, 4], np.int64))
+    with pytest.raises(check.CheckError, match=r"block \[1, 0, 0\] .* passed 3 .*1 of 3 "
+                       r"blocks differ\n  hint: a barrier fewer"):
+        check.check_barriers_per_block(once, a, short, expected=4, quiet=True)
+    # the grader reads the same counts from the facts the learner's process recorded, as
+    # they cross the wire
+    t = trace_launch(once, a, short)
+    assert t.barriers_per_block() == [("kernel", (0, 0, 0), 4), ("kernel", (1, 0, 0), 3),
+                                      ("kernel", (2, 0, 0), 4)]
+    sent = wire.Decoder(tmp_path, 1 << 20)(wire.Encoder(tmp_path, "r0")(facts(t)))
+    assert RemoteTrace(sent).barriers_per_block() == t.barriers_per_block()
+    # a kernel without syncthreads: every block passes none
+    with pytest.raises(check.CheckError, match="passed 0"):
+        check.check_barriers_per_block(_barrier_launcher(1), a,
+                                       c.to_device(np.zeros(3, np.int64)), expected=1,
+                                       quiet=True)

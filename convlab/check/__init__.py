@@ -7,7 +7,8 @@ Why the checkers are hard to fool is written at the top of `convlab.check.core`.
 - `core`: test data (`random_array`, `poisoned`), `compare`, `reference_case`, calling
   the learner's function (`call`, `ANSWER_GUARDS` for the grader), running cases;
 - `conv`: array answers: conv2d, NHWC conv2d, 2-D filters, GEMM, depthwise, im2col, col2im;
-- `traced`: techniques seen in a trace: coalescing, loads per output, bank conflicts;
+- `traced`: techniques seen in a trace: coalescing, loads per output, bank conflicts,
+  barriers per block;
 - `values`: numbers and splits: roofline, GEMM intensity, crossover, partition,
   pipeline time, weighted split, separable factors;
 - `numerics`: rounding to bf16 / tf32, scaled fp16 GEMM, conv with fp16 inputs;
@@ -56,7 +57,13 @@ from .core import (
 from .numerics import check_conv2d_fp16, check_rounding, check_scaled_gemm
 from .selfcheck import self_check
 from .stages import BlockRun, register_fragment, run_block, slab_bounds, staged_tile, window
-from .traced import check_bank_conflicts, check_coalesced, check_loads_per_output, traffic
+from .traced import (
+    check_bank_conflicts,
+    check_barriers_per_block,
+    check_coalesced,
+    check_loads_per_output,
+    traffic,
+)
 from .values import (
     check_crossover,
     check_gemm_intensity,
@@ -70,7 +77,8 @@ from .values import (
 __all__ = [
     "ANSWER_GUARDS", "EPS", "POISON", "POISON_BITS", "BlockRun", "CheckError", "Comparison",
     "array_module", "call",
-    "check_bank_conflicts", "check_coalesced", "check_col2im", "check_conv2d",
+    "check_bank_conflicts", "check_barriers_per_block", "check_coalesced", "check_col2im",
+    "check_conv2d",
     "check_conv2d_case", "check_conv2d_fp16", "check_conv2d_nhwc", "check_crossover",
     "check_depthwise", "check_filter2d", "check_filter2d_large", "check_gemm",
     "check_gemm_intensity", "check_im2col", "check_ladder", "check_loads_per_output",

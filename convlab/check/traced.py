@@ -1,10 +1,10 @@
 """Technique checks from a trace (`convlab.trace`): coalescing, loads per output, bank
-conflicts.
+conflicts, barriers per block.
 
 Each traces one launch of the learner's GPU launcher on the CPU (no GPU needed) and fails
 when the technique the lesson teaches is missing: more 32-byte sectors per warp request
-than coalesced access takes, more loads per output than register blocking allows, or
-shared-memory accesses that conflict.
+than coalesced access takes, more loads per output than register blocking allows,
+shared-memory accesses that conflict, or more barriers than the design needs.
 """
 
 from __future__ import annotations
@@ -149,6 +149,36 @@ def check_bank_conflicts(fn, *args, max_ways: float = 1.0, kind="load", quiet=Fa
             f"({worst['ways']:.1f}-way)\n  hint: within a warp, threads that read different "
             "words should read different banks (word address mod 32)")
     line = f"✓ bank conflicts: {name}: shared-memory {what} {ways:.2f}-way on average"
+    if not quiet:
+        print(line)
+    return line
+
+
+def check_barriers_per_block(fn, *args, expected: int, why: str = "", quiet=False,
+                             **kwargs) -> str:
+    """Trace one launch of ``fn(*args, **kwargs)`` and fail unless every block passes
+    exactly `expected` ``cuda.syncthreads()`` barriers. why: what the count stands for
+    (printed with a failure, e.g. "one before the loop and one per slab")."""
+    name = _name(fn)
+    t = _trace_answer("barriers per block", fn, args, kwargs)
+    counts = t.barriers_per_block()
+    if not counts:
+        raise CheckError(f"barriers per block FAILED: {name} ran no block (not implemented "
+                         "yet?)")
+    bad = [(k, b, n) for k, b, n in counts if n != expected]
+    if bad:
+        kernel, block, n = bad[0]
+        more = n > expected
+        raise CheckError(
+            f"barriers per block FAILED: block {list(block)} of {kernel} passed {n} "
+            f"cuda.syncthreads() barrier(s), the task asks for {expected}"
+            + (f" ({why})" if why else "") + f"; {len(bad)} of {len(counts)} blocks differ\n"
+            "  hint: " + ("every extra barrier makes each warp of the block wait for the "
+                          "slowest one: which barrier does no write need?" if more else
+                          "a barrier fewer than the design lets a thread overwrite a buffer "
+                          "another thread still reads (or read one before it is written)"))
+    line = (f"✓ barriers per block: {name}: every block passed {expected} cuda.syncthreads() "
+            "barrier(s)")
     if not quiet:
         print(line)
     return line

@@ -284,6 +284,15 @@ class RemoteTrace:
         v = self._value("counts", f"{kind}:{self.array(array).name}", f"{kind} counts")
         return np.asarray(v)
 
+    def barriers_per_block(self) -> list:
+        rows = self._f.get("barriers")
+        out = []
+        for r in rows if isinstance(rows, list) else []:
+            if (isinstance(r, list) and len(r) == 3 and isinstance(r[1], list)
+                    and isinstance(r[2], int)):
+                out.append((str(r[0]), tuple(int(v) for v in r[1]), r[2]))
+        return out
+
     def races(self) -> list:
         r = self._f.get("races")
         return [str(x) for x in r] if isinstance(r, list) else []

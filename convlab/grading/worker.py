@@ -209,5 +209,7 @@ def facts(t) -> dict:
             "sectors": {k: attempt(t.sectors_per_request, k) for k in ("load", "store")},
             "conflicts": {str(k): attempt(t.bank_conflicts, kind=k)
                           for k in (None, "load", "store")},
+            "barriers": [[str(k)[:200], [int(v) for v in b], int(n)]
+                         for k, b, n in t.barriers_per_block()[:1024]],
             "races": [str(r)[:1000] for r in t.races()[:20]],
             "n_races": len(t.races())}

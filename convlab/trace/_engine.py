@@ -1043,6 +1043,9 @@ class Recorder:
             barriers=run.swaps.uses_sync))
 
     def add_block(self, launch, bid, threads):
+        # barriers the block passed: every thread that reaches a release counts it once
+        self.launches[launch].setdefault("block_barriers", []).append(
+            max((ctx.epoch for ctx in threads), default=0))
         parts = []
         for ctx in threads:
             if ctx.records:

@@ -466,6 +466,12 @@ class Trace:
         return float(q["wavefronts"][m].sum() / q["phases"][m].sum())
 
     # ------------------------------------------------------------------ races
+    def barriers_per_block(self) -> list:
+        """(kernel name, block index, cuda.syncthreads() barriers the block passed), for
+        every traced block of every launch, in launch order."""
+        return [(L["kernel"], tuple(b), n) for L in self.launches
+                for b, n in zip(L["blocks"], L.get("block_barriers", []), strict=False)]
+
     def races(self) -> list:
         """Shared-memory hazards: two threads of one block touch the same shared address
         between the same pair of barriers, at least one of them writing."""
