@@ -17,6 +17,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from convlab import check
@@ -494,6 +495,13 @@ def planted_batch(tmp_path_factory):
         submission(folder / f"student_{bug}" / "06_tiled.ipynb", *SOLVED, f"tiled_{bug}.py")
     (folder / "student_broken").mkdir()
     (folder / "student_broken" / "06_tiled.ipynb").write_text('{"cells": [{"cell_type": ')
+    # fx.box right, with a helper the learner defined in a cell of their own above it
+    nb = nbf.read(submission(folder / "student_outside" / "06_tiled.ipynb", *SOLVED,
+                             replace={"np.einsum(": "box_sum("}))
+    at = next(i for i, c in enumerate(nb.cells) if "# EXERCISE: fx.box" in nbf.source(c))
+    nb.cells.insert(at, nbformat.v4.new_code_cell(
+        "# my helper\nbox_sum = np.einsum  # the sum over each window\n"))
+    (folder / "student_outside" / "06_tiled.ipynb").write_text(nbf.writes(nb))
     out = folder / "graded"
     t0 = time.perf_counter()
     rows = grade_batch(folder, out, jobs=2, instructor=FIXTURE, cell_timeout=60,
@@ -506,7 +514,7 @@ def test_batch_gradebook_survives_a_broken_submission(planted_batch):
     folder, out, rows = planted_batch
     with open(out / "gradebook.csv", newline="") as f:
         book = {r["submission"]: r for r in csv.DictReader(f)}
-    assert set(book) == {f"student_{b}__06_tiled" for b in [*PLANTED, "broken"]}
+    assert set(book) == {f"student_{b}__06_tiled" for b in [*PLANTED, "broken", "outside"]}
     broken = book["student_broken__06_tiled"]
     assert broken["status"] == "error" and "JSON is broken" in broken["error"]
     assert float(broken["score"]) == 0
@@ -530,6 +538,18 @@ def test_planted_bug_scores_partially_with_its_message(planted_batch, bug):
     assert re.search(PLANTED[bug], tiled["output"]), tiled["output"]
     others = [re.search(PLANTED[b], tiled["output"]) for b in PLANTED if b != bug]
     assert not any(others), f"{bug}: the message also matches another bug's"
+
+
+def test_a_name_from_a_cell_the_grader_does_not_run_is_explained(planted_batch):
+    """The learner's self-check passed (their helper cell had run); the grader runs only
+    answer cells, so the answer's NameError says where the name is and what to do."""
+    _, out, _ = planted_batch
+    box = by_task(json.loads((out / "student_outside__06_tiled.results.json").read_text()))
+    assert box["fx.box"]["status"] == "failed", box["fx.box"]
+    assert re.search(r"(?s)NameError: name 'box_sum' is not defined.*'box_sum' is defined in "
+                     r"your notebook in a cell that is not this task's answer cell \(the one "
+                     r"starting `# my helper`\).*define 'box_sum' inside the answer cell",
+                     box["fx.box"]["output"]), box["fx.box"]["output"]
 
 
 # ----------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import secrets
 import sys
 import tempfile
@@ -247,6 +248,37 @@ def _answer_names(steps) -> set:
     return names
 
 
+def _names_outside_answers(nb) -> dict:
+    """name -> the first line of the submission's first code cell that binds it and is not
+    an answer cell: the grader never runs such cells."""
+    out: dict = {}
+    for c in nb.cells:
+        if c.get("cell_type") != "code":
+            continue
+        text = nbf.source(c)
+        if nbf.exercise_id(text) or nbf.test_marker(text):
+            continue
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        for name in nbf.bound_names(text):
+            out.setdefault(name, first[:80])
+    return out
+
+
+_UNDEFINED = re.compile(r"NameError: name '(\w+)' is not defined")
+
+
+def _explain_undefined(t, outside: dict) -> None:
+    """A NameError for a name the learner bound in a cell the grader does not run: say so
+    (the self-check passed in their notebook, where that cell had run)."""
+    m = _UNDEFINED.search(t.message)
+    if m and m.group(1) in outside:
+        name = m.group(1)
+        t.message += (f"\n({name!r} is defined in your notebook in a cell that is not this "
+                      f"task's answer cell (the one starting `{outside[name]}`): the grader "
+                      "runs only the '# EXERCISE' cells, in a fresh copy of the exercise; "
+                      f"define {name!r} inside the answer cell)")
+
+
 def _deniable(path: Path, folder: bool = False) -> Path:
     """The folder of `path` when the kernel does not need anything in it, else the file."""
     path = path.resolve()
@@ -392,6 +424,10 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
             speed_mod.NOT_GRADED if mode != "gpu" else "not graded: time the speed tasks "
             "with --gpu"))
     _finish_messages(tasks)
+    outside = _names_outside_answers(sub_nb)
+    for t in tasks.values():
+        if not t.passed:
+            _explain_undefined(t, outside)
     result.seconds = time.perf_counter() - t_start
     return result
 
