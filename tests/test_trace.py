@@ -268,6 +268,46 @@ def test_check_filter2d_rejects_the_racy_kernel():
 
 
 @cuda.jit
+def every_thread_copies_the_taps(img, k, out):
+    taps = cuda.shared.array((5, 5), float32)
+    R, S = k.shape
+    for a in range(R):  # every thread writes every tap: one line, many writers
+        for b in range(S):
+            taps[a, b] = k[a, b]
+    cuda.syncthreads()
+    row = cuda.blockIdx.y * T + cuda.threadIdx.y
+    col = cuda.blockIdx.x * T + cuda.threadIdx.x
+    H, W = img.shape
+    if row < H and col < W:
+        acc = float32(0)
+        for a in range(R):
+            for b in range(S):
+                r, c = row + a - R // 2, col + b - S // 2
+                if 0 <= r < H and 0 <= c < W:
+                    acc += img[r, c] * taps[a, b]
+        out[row, col] = acc
+
+
+@pytest.mark.skipif(not convlab.is_simulator(),
+                    reason="the checkers trace for races under the simulator only")
+def test_many_writers_of_one_element_get_a_hint_a_barrier_cannot_fix():
+    """Right outputs (every writer writes the same value), but a write-write race at one
+    line: the hint says one writer per element, not 'missing cuda.syncthreads()'."""
+    @launcher
+    def filter2d_taps(img, k, out):
+        H, W = img.shape
+        every_thread_copies_the_taps[((W + T - 1) // T, (H + T - 1) // T), (T, T)](img, k, out)
+
+    with pytest.raises(check.CheckError, match=r"(?s)race \(WAW\) on taps.*hint: several "
+                       r"threads write the same element at the same line: a barrier cannot"):
+        check.check_filter2d(filter2d_taps, quiet=True)
+    with pytest.raises(check.CheckError) as e:  # a race at two different lines: as before
+        check.check_filter2d(tiled_filter(0), quiet=True)
+    assert "hint: missing cuda.syncthreads()?" in str(e.value)
+    assert "several threads write" not in str(e.value)
+
+
+@cuda.jit
 def shared_hist(vals, hist, use_atomic):
     bins = cuda.shared.array(4, float32)
     tx = cuda.threadIdx.x

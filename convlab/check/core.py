@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -420,11 +421,27 @@ def _race_check(task: str, fn, cases, device) -> bool:
         return False
     if races:
         more = f"\n  ({len(races)} different hazards in all)" if len(races) > 1 else ""
-        raise CheckError(
-            f"{task} FAILED on {case['label']}\n  {races[0]}{more}\n  hint: missing "
-            "cuda.syncthreads()? Every thread must finish writing a shared tile before others "
-            "read it, and finish reading it before anyone overwrites it")
+        raise CheckError(f"{task} FAILED on {case['label']}\n  {races[0]}{more}\n  hint: "
+                         + _race_hint(str(races[0])))
     return True
+
+
+_RACE = re.compile(r"race \((RAW|WAR|WAW)\) on [^:]*: thread \d+ \w+ it at (.+?), thread \d+ "
+                   r"\w+ it at (.+?), (?:in a kernel|before the first|after cuda)")
+
+
+def _race_hint(text: str) -> str:
+    """What a race report most likely means (the report may come from the learner's
+    process as text, so it is read from its words)."""
+    m = _RACE.search(text)
+    if m and m.group(1) == "WAW" and m.group(2) == m.group(3):
+        return ("several threads write the same element at the same line: a barrier cannot "
+                "order them, give each element one writer (e.g. threads 0 .. n-1 of the block "
+                "copy its n values), or is the thread's part missing from the index?")
+    return ("missing cuda.syncthreads()? Every thread must finish writing a shared tile before "
+            "others read it, and finish reading it before anyone overwrites it. Or a barrier "
+            "sits inside a branch some threads skip; with two buffers, does a step write the "
+            "buffer it reads?")
 
 
 def _value_call(task: str, fn, args: tuple, kwargs: dict, label: str):
