@@ -91,9 +91,9 @@ def test_wrong_tile_names_the_bad_element(problem):
 def test_unwritten_element_is_reported(problem):
     img, taps, out, _ = problem
     SHIFT[0] = -1  # one column further left (matched below), and tile[2, 3] never staged
-    with pytest.raises(CheckError, match=r"1 of 120 elements wrong \(1 never written\)\n"
-                                         r"  first bad element \[2, 3\]: expected \S+, not "
-                                         r"written(?s:.*)\n      \.\.\.\?\.\.\."):
+    with pytest.raises(CheckError, match=r"1 of 120 elements wrong \(1 NaN: never written\)"
+                                         r"\n  first bad element \[2, 3\]: expected \S+, NaN: "
+                                         r"never written(?s:.*)\n      \.\.\.\?\.\.\."):
         stage(img, taps, out, check.window(img, (7, 5), (10, 12)))
 
 
@@ -107,6 +107,8 @@ BK = 4
 TM = TN = 2
 NT = (BM // TM) * (BN // TN)
 LAST = [True]  # False: the slab loop stops before the last partial slab
+TWICE = [False]  # True: two barriers after each slab's staging (one too many)
+STAGE_B = [True]  # False: B's slab is never staged
 
 
 @cuda.jit
@@ -135,8 +137,11 @@ def gemm_kernel(a, b, c):
             v = float32(0.0)
             if k0 + kk < K and n0 + n < N:
                 v = b[k0 + kk, n0 + n]
-            Bs[kk, n] = v
+            if STAGE_B[0]:
+                Bs[kk, n] = v
         cuda.syncthreads()
+        if TWICE[0]:
+            cuda.syncthreads()
         for kk in range(BK):
             for i in range(TM):
                 for j in range(TN):
@@ -153,9 +158,9 @@ def gemm_kernel(a, b, c):
 def gemm():
     rng = np.random.default_rng(5)
     a, b = check.random_array((11, 10), rng), check.random_array((10, 13), rng)
-    LAST[0] = True
+    LAST[0], TWICE[0], STAGE_B[0] = True, False, True
     yield a, b, np.zeros((11, 13), np.float32)
-    LAST[0] = True
+    LAST[0], TWICE[0], STAGE_B[0] = True, False, True
 
 
 def test_gemm_slab_and_fragment(gemm):
@@ -177,6 +182,29 @@ def test_gemm_slab_and_fragment(gemm):
     with pytest.raises(CheckError, match=r"local array 'acc' of thread 5 in block \(1, 0\)"):
         check.register_fragment(gemm_kernel, a, b, c, grid=grid, block=NT, block_idx=(1, 0),
                                 thread=t, expected=ref[2:4, 10:12], quiet=True)
+
+
+def test_a_barrier_too_many_is_named_with_the_wrong_slab(gemm):
+    """Right staging, one barrier too many per slab: barrier 3 lands on slab 1's products,
+    not on slab 2's staging; the report says to count the barriers."""
+    a, b, c = gemm
+    TWICE[0] = True
+    with pytest.raises(CheckError, match=r"(?s)'As' of block \(1, 0\) at barrier 3: .*"
+                       r"barrier 3 is the block's 3rd cuda.syncthreads\(\): if the staging looks "
+                       r"right, count the barriers per slab"):
+        check.staged_tile(gemm_kernel, a, b, c, grid=(2, 2), block=NT, block_idx=(1, 0),
+                          array="As", expected=check.window(a, (0, 4), (BM, BK)), barrier=3,
+                          quiet=True)
+
+
+def test_a_fragment_summed_from_an_unstaged_tile_says_so(gemm):
+    a, b, c = gemm
+    STAGE_B[0] = False
+    with pytest.raises(CheckError, match=r"NaN: never written, or summed from a shared element "
+                                         r"nobody staged"):
+        check.register_fragment(gemm_kernel, a, b, c, grid=(2, 2), block=NT, block_idx=(1, 0),
+                                thread=5, expected=(a.astype(np.float64) @ b)[2:4, 10:12],
+                                quiet=True)
 
 
 def test_slab_bounds(gemm):

@@ -267,8 +267,10 @@ def _map(bad, unwritten) -> str:
     return "\n".join("      " + r for r in rows)
 
 
-def _compare(got, expected, what: str, tol: float, hint=None) -> str:
-    """Compare `got` with `expected` (NaN in expected: not checked); raise on mismatch."""
+def _compare(got, expected, what: str, tol: float, hint=None,
+             nan="never written") -> str:
+    """Compare `got` with `expected` (NaN in expected: not checked); raise on mismatch.
+    nan: what a NaN in `got` means (the run starts every array as NaN)."""
     got = np.asarray(got)
     expected = np.asarray(expected, dtype=np.float64)
     if got.ndim != expected.ndim or any(
@@ -285,9 +287,9 @@ def _compare(got, expected, what: str, tol: float, hint=None) -> str:
         return f"✓ {what}: all {int(care.sum())} checked elements right"
     idx = tuple(int(v) for v in np.argwhere(bad)[0])
     g, e = got[idx], expected[idx]
-    why = "not written" if np.isnan(g) else f"got {g:.6g}"
+    why = f"NaN: {nan}" if np.isnan(g) else f"got {g:.6g}"
     lines = [f"{what}: {int(bad.sum())} of {int(care.sum())} elements wrong "
-             f"({int(unwritten.sum())} never written)",
+             f"({int(unwritten.sum())} NaN: {nan})",
              f"  first bad element {list(idx)}: expected {e:.6g}, {why}"]
     found = np.argwhere(np.isclose(expected, g, rtol=tol, atol=tol) & care) if np.isfinite(
         g) else []
@@ -300,6 +302,10 @@ def _compare(got, expected, what: str, tol: float, hint=None) -> str:
         lines.append("  map ('.' right, 'X' wrong, '?' never written):")
         lines.append(_map(bad, unwritten))
     raise CheckError("\n".join(lines))
+
+
+def _nth(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def _where(block_idx) -> str:
@@ -339,7 +345,13 @@ def staged_tile(kernel, *args, grid, block, block_idx=(0, 0), array, expected,
         t = got[:exp.shape[1], :exp.shape[0]].T
         if np.allclose(t, np.where(np.isnan(exp), t, exp), rtol=tol, atol=tol):
             hint = "the tile is there, transposed: swap the two indices of the store"
-    return _say(_compare(got, exp, what, tol, hint), quiet)
+    try:
+        return _say(_compare(got, exp, what, tol, hint), quiet)
+    except CheckError as e:
+        raise CheckError(f"{e}\n  (barrier {barrier} is the block's {_nth(barrier)} "
+                         "cuda.syncthreads(): if the staging looks right, count the barriers "
+                         "per slab: one more or fewer than the design puts another slab "
+                         "here)") from None
 
 
 def register_fragment(kernel, *args, grid, block, block_idx=(0, 0), thread: int,
@@ -350,7 +362,9 @@ def register_fragment(kernel, *args, grid, block, block_idx=(0, 0), thread: int,
     (x fastest). tol: relative, for sums in float32."""
     res = run_block(kernel, args, grid=grid, block=block, block_idx=block_idx)
     what = f"local array {array!r} of thread {thread} in block {_where(block_idx)}"
-    return _say(_compare(res.local_array(thread, array), expected, what, tol), quiet)
+    return _say(_compare(res.local_array(thread, array), expected, what, tol,
+                         nan="never written, or summed from a shared element nobody staged "
+                         "(the wrong buffer or slab?)"), quiet)
 
 
 def slab_bounds(fn, *args, array: str, expected_loads, quiet: bool = False, **kwargs) -> str:
