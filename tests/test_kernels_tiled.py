@@ -6,6 +6,7 @@ race check must catch, and PTX facts the lessons state (compiled without a GPU).
 GPU the `gpu` tests run the real tile shapes on larger odd problems.
 """
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -303,6 +304,21 @@ def test_nhwc_checker_accepts_a_correct_nhwc_kernel_and_rejects_nchw_weights():
 
     with pytest.raises(check.CheckError, match="wrong"):
         check.check_conv2d_nhwc(wrong_weight_layout, quiet=True)
+
+    def filter_zero_everywhere(x, w, out, stride=1, padding=0):
+        # every filter k computes filter 0's output: out[n, p, q, k] wrong for k > 0
+        layout.conv2d_nhwc_pixels(x, w, out, stride=stride, padding=padding)
+        y = out.copy_to_host()
+        y[..., 1:] = y[..., :1]
+        out.copy_to_device(y)
+
+    with pytest.raises(check.CheckError) as e:
+        check.check_conv2d_nhwc(filter_zero_everywhere, quiet=True)
+    # in the launcher's own layouts: NHWC shapes, (n, p, q, k) indices
+    msg = str(e.value)
+    assert re.search(r"conv2d \(NHWC\) FAILED on x\(\d+, \d+, \d+, \d+\) \(N, H, W, C\), "
+                     r"w\(\d+, \d+, \d+, \d+\) \(R, S, C, K\), out\(.*\) \(N, P, Q, K\)", msg), msg
+    assert "first at index (0, 0, 0, 1)" in msg, msg
 
 
 def test_coalescing_checker():

@@ -14,15 +14,11 @@ import numpy as np
 from .. import reference as ref
 from ..errors import CheckError
 from .core import (
-    _device,
     _fail,
-    _name,
     _pass,
     _run_cases,
-    _to_host,
     call,
     compare,
-    poisoned,
     random_array,
     reference_case,
 )
@@ -103,35 +99,30 @@ def check_conv2d_case(fn, x_shape, w_shape, *, stride=1, padding=0, dilation=1, 
     return _run_cases("conv2d", fn, [case], device, runs, quiet, precision)
 
 
-def nhwc_adapter(fn):
-    """An NHWC GPU conv launcher seen as an NCHW one, for the conv2d checker.
-
-    fn(x (N, H, W, C), w (R, S, C, K), out (N, P, Q, K), stride=, padding=) fills out
-    (device arrays; w in "HWIO" order, TensorFlow's filter layout). The adapter transposes
-    the checker's NCHW inputs on the host, runs fn on a poisoned NHWC output, and hands
-    the result back as NCHW (so reports name NCHW indices (n, k, p, q)).
-    """
-    def conv2d_nhwc_as_nchw(x, w, out, **kwargs):
-        c = _device()
-        xh = np.ascontiguousarray(_to_host(x).transpose(0, 2, 3, 1))
-        wh = np.ascontiguousarray(_to_host(w).transpose(2, 3, 1, 0))
-        N, K, P, Q = out.shape
-        oh = c.to_device(poisoned((N, P, Q, K)))
-        fn(c.to_device(xh), c.to_device(wh), oh, **kwargs)
-        c.synchronize()
-        out.copy_to_device(np.ascontiguousarray(_to_host(oh).transpose(0, 3, 1, 2)))
-
-    conv2d_nhwc_as_nchw.device = True
-    conv2d_nhwc_as_nchw.__name__ = _name(fn)
-    conv2d_nhwc_as_nchw.__wrapped_nhwc__ = fn
-    return conv2d_nhwc_as_nchw
+def nhwc_case(case: dict) -> dict:
+    """An NCHW conv case in the layouts an NHWC launcher takes: x (N, H, W, C), w (R, S, C,
+    K) ("HWIO"), out (N, P, Q, K); its label and reports name those shapes and indices."""
+    x, w = case["inputs"]
+    out = dict(case, layout="nhwc")
+    out["inputs"] = [np.ascontiguousarray(x.transpose(0, 2, 3, 1)),
+                     np.ascontiguousarray(w.transpose(2, 3, 1, 0))]
+    for k in ("expected", "absref"):
+        out[k] = np.ascontiguousarray(case[k].transpose(0, 2, 3, 1))
+    kw = " ".join(f"{k}={v}" for k, v in case["kwargs"].items())
+    out["label"] = (f"x{out['inputs'][0].shape} (N, H, W, C), w{out['inputs'][1].shape} "
+                    f"(R, S, C, K), out{out['expected'].shape} (N, P, Q, K) {kw}").strip()
+    return out
 
 
 def check_conv2d_nhwc(fn, *, stride=True, padding=True, seed=None, runs: int = 2,
                       quiet=False) -> str:
-    """Check an NHWC conv2d GPU launcher (see `nhwc_adapter`) on the conv2d cases."""
-    return check_conv2d(nhwc_adapter(fn), stride=stride, padding=padding, device=True,
-                        seed=seed, runs=runs, quiet=quiet)
+    """Check an NHWC conv2d GPU launcher on the conv2d cases, in its own layouts:
+    fn(x (N, H, W, C), w (R, S, C, K), out (N, P, Q, K), stride=, padding=) fills out
+    (device arrays; w in "HWIO" order, TensorFlow's filter layout). Reports name NHWC
+    shapes and (n, p, q, k) indices."""
+    rng = np.random.default_rng(seed)
+    cases = [nhwc_case(c) for c in conv2d_cases(rng, stride=stride, padding=padding)]
+    return _run_cases("conv2d (NHWC)", fn, cases, True, runs, quiet, "fp32")
 
 
 def filter2d_cases(rng, *, small=None, kernels=None):

@@ -304,8 +304,20 @@ def _fail(task: str, case: str, comp: Comparison):
     raise CheckError(text, comp)
 
 
+def _as_nchw(case, out=None):
+    """An NHWC case (`conv.nhwc_case`) and its output seen in NCHW, for the hints."""
+    if case.get("layout") != "nhwc":
+        return case, out
+    x, w = case["inputs"]
+    view = dict(case, inputs=[x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)],
+                expected=case["expected"].transpose(0, 3, 1, 2),
+                absref=case["absref"].transpose(0, 3, 1, 2), layout="nchw")
+    return view, None if out is None else out.transpose(0, 3, 1, 2)
+
+
 def _border_mask(case) -> np.ndarray | None:
     """Outputs whose receptive field touches the padding or the image's outermost pixels."""
+    case, _ = _as_nchw(case)
     kw = case["kwargs"]
     x, w = case["inputs"][:2]
     if x.ndim != 4:
@@ -323,8 +335,9 @@ def _border_mask(case) -> np.ndarray | None:
 def _hints(case, out, comp: Comparison, passed: list) -> list:
     """Name the likely mistake from which cases passed and where the errors are."""
     hints = []
+    case, out = _as_nchw(case, out)
     kw, x = case["kwargs"], case["inputs"][0]
-    shapes = [c["inputs"][0].shape for c in passed]
+    shapes = [_as_nchw(c)[0]["inputs"][0].shape for c in passed]
     if x.ndim == 4 and x.shape[2] != x.shape[3] and shapes and all(
             s[-1] == s[-2] for s in shapes):
         hints.append("it passed a square input and failed a non-square one: are H and W "
@@ -376,6 +389,8 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
                 raise CheckError(
                     f"{task} raised on {case['label']}: {type(e).__name__}: {e}") from e
             comp = compare(out, case["expected"], case["absref"], case["reduction"], precision)
+            if case.get("layout") == "nhwc" and isinstance(comp.err, np.ndarray):
+                comp.err = comp.err.transpose(0, 3, 1, 2)  # the picture: rows x columns
             if not comp.ok:
                 comp.messages += [f"hint: {h}" for h in _hints(case, out, comp, passed)]
                 _fail(task, case["label"], comp)
