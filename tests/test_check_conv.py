@@ -146,6 +146,17 @@ def test_gemm_and_filter2d_checkers():
         check.check_filter2d(lambda img, k: ref.filter2d(img, k[::-1, ::-1]), quiet=True)
 
 
+def test_gemm_cases_catch_a_grid_sized_by_the_wrong_dimension():
+    """A launcher that sizes its grid of 32-column blocks by K (b.shape[0]) instead of N
+    covers every column of the first two cases; the third leaves most unwritten."""
+    def grid_by_k(a, b, out):
+        cols = 32 * -(-b.shape[0] // 32)  # the blocks a grid sized by K covers
+        out[:, :cols] = (a @ b)[:, :cols]
+
+    with pytest.raises(check.CheckError, match=r"FAILED on A 9x5 @ B 5x70\n.*were never written"):
+        check.check_gemm(grid_by_k, device=False, quiet=True)
+
+
 def test_wrong_shape_reported():
     with pytest.raises(check.CheckError, match="wrong output shape"):
         check.check_gemm(lambda a, b: (a @ b).T, quiet=True)

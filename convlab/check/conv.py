@@ -162,7 +162,9 @@ def check_filter2d_large(fn, *, seed=None, quiet=False) -> str:
 
 def gemm_cases(rng, *, small=None):
     small = _small(small)
-    shapes = [(17, 23, 9), (5, 40, 33)] if small else [(131, 77, 201), (64, 257, 100)]
+    # the third: N well past what a grid sized by K (or M) covers, K past what M covers
+    shapes = ([(17, 23, 9), (5, 40, 33), (9, 70, 5)] if small else
+              [(131, 77, 201), (64, 257, 100), (33, 300, 7)])
     cases = []
     for M, N, K in shapes:
         cases.append(reference_case(random_array((M, K), rng), random_array((K, N), rng),
