@@ -124,3 +124,34 @@ def test_check_barriers_per_block_counts_each_blocks_barriers(tmp_path):
         check.check_barriers_per_block(_barrier_launcher(1), a,
                                        c.to_device(np.zeros(3, np.int64)), expected=1,
                                        quiet=True)
+
+
+def test_check_loads_per_output_says_the_callers_hint():
+    """A filter reading the image from global memory for every tap: R*S loads per output,
+    and the failure carries the task's hint, not register blocking's."""
+    from numba import cuda
+
+    @cuda.jit
+    def kernel(img, k, out):
+        row, col = cuda.grid(2)
+        H, W = img.shape
+        R, S = k.shape
+        if row < H and col < W:
+            acc = 0.0
+            for r in range(R):
+                for s in range(S):
+                    y, x = row + r - R // 2, col + s - S // 2
+                    if 0 <= y < H and 0 <= x < W:
+                        acc += img[y, x] * k[r, s]
+            out[row, col] = acc
+
+    def filter_global(img, k, out):
+        kernel[(2, 2), (8, 8)](img, k, out)
+
+    rng = np.random.default_rng(3)
+    img, k = check.random_array((13, 11), rng), check.random_array((3, 5), rng)
+    with pytest.raises(check.CheckError, match=r"global-memory loads per output .*at most 4 "
+                       r"allowed\)\n  hint: from the shared tile only$"):
+        check.check_loads_per_output(filter_global, img, k, np.zeros((13, 11), np.float32),
+                                     max_per_output=4.0, hint="from the shared tile only",
+                                     quiet=True)

@@ -77,9 +77,13 @@ def traffic(t) -> dict:
                 stored={a: int((t.load_counts(a, kind="store") > 0).sum()) for a in stored})
 
 
+REGISTER_BLOCKING = ("let each thread compute several outputs from every value it loads "
+                     "(register blocking)")
+
+
 def check_loads_per_output(fn, *args, max_per_output: float, array: str | None = None,
-                           space: str = "global", only_output: bool = True, quiet=False,
-                           **kwargs) -> str:
+                           space: str = "global", only_output: bool = True,
+                           hint: str = REGISTER_BLOCKING, quiet=False, **kwargs) -> str:
     """Trace one launch of the GPU launcher ``fn(*args, **kwargs)`` and fail if its kernels
     load more than `max_per_output` values per output element from `space` ('global' or
     'shared') memory, counting every load of every thread (caches are not modelled), of
@@ -88,7 +92,8 @@ def check_loads_per_output(fn, *args, max_per_output: float, array: str | None =
     im2col matrix, say).
 
     Register blocking shows up here: a thread that computes several outputs from every
-    value it loads divides the loads per output.
+    value it loads divides the loads per output; so does shared-memory tiling. hint: what
+    a failure suggests.
     """
     if space not in ("global", "shared"):
         raise ValueError(f"space must be 'global' or 'shared', got {space!r}")
@@ -120,8 +125,7 @@ def check_loads_per_output(fn, *args, max_per_output: float, array: str | None =
     if not per <= max_per_output:
         raise CheckError(
             f"loads per output FAILED: {name} makes {per:.2f} {what} per output ({count} for "
-            f"{outputs} outputs; at most {max_per_output:g} allowed)\n  hint: let each "
-            "thread compute several outputs from every value it loads (register blocking)")
+            f"{outputs} outputs; at most {max_per_output:g} allowed)\n  hint: {hint}")
     line = f"✓ loads per output: {name}: {per:.2f} {what} per output (at most {max_per_output:g})"
     if not quiet:
         print(line)
