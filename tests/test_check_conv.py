@@ -208,3 +208,15 @@ def test_check_conv2d_case_passes_right_and_fails_wrong():
     with pytest.raises(check.CheckError):
         check.check_conv2d_case(off_by_one_padding, (1, 3, 9, 7), (2, 3, 3, 3), padding=1,
                                 quiet=True)
+
+
+def test_check_conv2d_case_reports_under_the_callers_name():
+    """A test that runs two of the learner's kernels says so in its failure."""
+    def flipped(x, w, stride=1, padding=0):
+        return ref.conv2d(x, w[:, :, ::-1, ::-1].copy(), stride=stride, padding=padding)
+
+    with pytest.raises(check.CheckError, match=r"^conv2d_im2col \(your im2col, then your "
+                                               r"GEMM\) FAILED on x\(2, 3, 9, 11\)"):
+        check.check_conv2d_case(flipped, (2, 3, 9, 11), (5, 3, 3, 3), stride=(2, 1),
+                                padding=1, device=False, quiet=True,
+                                name="conv2d_im2col (your im2col, then your GEMM)")

@@ -80,13 +80,14 @@ def check_conv2d(fn, *, stride=True, padding=True, dilation=False, groups=False,
 
 def check_conv2d_case(fn, x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                       device=None, seed=None, runs: int = 2, precision="fp32",
-                      quiet=False) -> str:
+                      name: str = "conv2d", quiet=False) -> str:
     """Check a conv2d implementation on one problem of the caller's choosing.
 
     Same checks as `check_conv2d` (fresh random non-uniform data, a poisoned output, NaN
     and Inf fail, run `runs` times for races, traced for shared-memory races under the
     simulator), on x of `x_shape` and w of `w_shape`. For lessons that run a kernel on one
-    small shape; graded tasks use `check_conv2d`, whose shapes the checker picks.
+    small shape; graded tasks use `check_conv2d`, whose shapes the checker picks. name:
+    what the reports call fn (say which parts of the learner's code it runs).
     """
     rng = np.random.default_rng(seed)
     kw = dict(stride=stride, padding=padding)
@@ -96,7 +97,7 @@ def check_conv2d_case(fn, x_shape, w_shape, *, stride=1, padding=0, dilation=1, 
         kw["groups"] = groups
     case = reference_case(random_array(tuple(x_shape), rng), random_array(tuple(w_shape), rng),
                           **kw)
-    return _run_cases("conv2d", fn, [case], device, runs, quiet, precision)
+    return _run_cases(name, fn, [case], device, runs, quiet, precision)
 
 
 def nhwc_case(case: dict) -> dict:
