@@ -44,9 +44,10 @@ FAMILIES = {
     "offload": ((*SOLVED, "attack_offload.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
-    "numpy": ((*SOLVED, "attack_numpy.py"), {
-        "fx.box": (1, r""), "fx.gemm": (1, r""),
-        "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies")}),
+    "numpy": ((*SOLVED, "attack_numpy.py"), {  # the message names what counts, and that
+        "fx.box": (1, r""), "fx.gemm": (1, r""),  # the self-check does not count it
+        "fx.tiled": (0, r"HostCopyError: \d+ device-to-host copies.*printing an element.*"
+                        r"Your notebook's self-check does not count these")}),
     "thread": ((*SOLVED, "attack_thread.py"), {
         "fx.box": (1, r""), "fx.gemm": (1, r""),
         "fx.tiled": (0, r"ThreadError: 1 thread\(s\) started by the answer")}),

@@ -51,5 +51,8 @@ def self_check(task: str, tests: list, namespace: dict, *, quiet: bool = False) 
         if not passed:
             head += " (a task scores only when all its tests pass)"
         print("\n".join([head, *lines, "  the grader reruns these tests, and hidden ones, "
-                         "in its own process"]))
+                         "in its own process, with only your answer cells ('# EXERCISE: "
+                         "...') run in a fresh copy of the exercise, and refuses device-to-host "
+                         "copies (printing a device array's element, copy_to_host) inside a "
+                         "GPU task's launcher"]))
     return score

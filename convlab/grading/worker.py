@@ -147,7 +147,9 @@ def call(n: int) -> None:
                 f"{counted.n} device-to-host copies of arrays inside the graded call: "
                 "the task asks for the work on the GPU (no copying to NumPy and back; under "
                 "the simulator, reading a device array on the host counts as a copy: "
-                "np.asarray, an element, arithmetic on the whole array)")})
+                "copy_to_host, np.asarray, printing an element, arithmetic on the whole "
+                "array, a NumPy array handed to a kernel). Your notebook's self-check does not "
+                "count these: remove debugging prints and host copies from the launcher")})
         if req.get("trace"):
             out["trace"] = enc(facts(t))  # plain values, the grader's own
     except wire.WireError as e:
