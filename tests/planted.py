@@ -11,7 +11,7 @@ from numba import cuda, float32
 from convlab.kernels import ceil_div
 from convlab.kernels._launch import conv_launch_params, launcher
 
-BUGS = ("unwritten", "border", "nan", "square", "stride")
+BUGS = ("unwritten", "border", "nan", "square", "stride", "wrap")
 
 
 @cuda.jit
@@ -32,11 +32,13 @@ def planted_kernel(x, w, y, sh, sw, ph, pw, bug):
         for r in range(R):
             h = p * sh - ph + r if bug != 4 else p - ph + r  # bug 4: stride ignored
             lo = 1 if bug == 1 else 0  # bug 1: off by one, drops input row/col 0
+            if bug == 5:  # bug 5: no lower bounds test: index -1 wraps to the last row/col
+                lo = -ph
             if lo <= h < H:
                 for s in range(S):
                     col = q * sw - pw + s if bug != 4 else q - pw + s
                     wmax = H if bug == 3 else W  # bug 3: W taken from H (square only)
-                    if lo <= col < wmax and col < W:
+                    if (lo <= col or bug == 5 and col >= -pw) and col < wmax and col < W:
                         acc += x[n, c, h, col] * w[k, c, r, s]
     if bug == 2 and p == P // 2:  # writes NaN on one row
         acc = math.nan

@@ -22,8 +22,9 @@ MESSAGES = {
     "unwritten": "were never written",
     "border": "(?s)outputs are wrong.*overlaps the image border",
     "nan": "outputs are NaN or Inf",
-    "square": "(?s)outputs are wrong.*failed a non-square one",
+    "square": "(?s)outputs are wrong.*gets a square input right and this non-square one wrong",
     "stride": "(?s)outputs are wrong.*is the stride applied",
+    "wrap": "(?s)outputs are wrong.*overlaps the image border",
 }
 
 
@@ -35,6 +36,11 @@ def test_planted_gpu_kernels_are_rejected(bug):
     assert "FAILED on x(" in text  # says which problem failed
     if bug == "stride":
         assert "stride=(2, 3)" in text
+    if bug == "wrap":  # passes the padding-0 square case only: not an H/W mix-up
+        assert "square" not in text, text
+    if bug == "unwritten":  # the last column: in the border band, but a missing thread
+        assert "every wrong output is one never written" in text, text
+        assert "border" not in text, text
 
 
 def test_square_bug_passes_square_inputs_only():

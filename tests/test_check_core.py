@@ -106,3 +106,17 @@ def test_compare_on_the_gpu_reports_what_the_host_reports(spoil):
         assert getattr(gpu, name) == getattr(host, name), name
     assert np.array_equal(cp.asnumpy(gpu.err), host.err, equal_nan=True)
     assert host.ok == (spoil is None)
+
+
+def test_an_output_that_must_be_exactly_zero_is_named_and_keeps_the_relative_error_sane():
+    """An output whose every term is zero (all padding) has no relative scale: an error
+    there is named as such, and the max relative error is over the other outputs."""
+    expected = np.array([[1.0, 2.0], [0.0, 4.0]])
+    absref = np.array([[1.0, 2.0], [0.0, 4.0]])
+    out = np.array([[1.0, 2.5], [0.5, 4.0]], np.float32)
+    c = check.compare(out, expected, absref)
+    assert not c.ok and c.bad == 2
+    assert c.max_rel == pytest.approx(0.25)  # 0.5 / 2.0, not 0.5 / 1e-30
+    assert "(exactly 0: every term there is zero, padding)" not in c.messages[0]  # [0, 1] first
+    only_zero = check.compare(np.array([[1.0, 2.0], [0.5, 4.0]], np.float32), expected, absref)
+    assert "expected 0 (exactly 0: every term there is zero, padding)" in only_zero.messages[0]

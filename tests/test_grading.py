@@ -483,7 +483,7 @@ PLANTED = {
     "nosync": r"(?s)shared-memory race.*missing cuda\.syncthreads",
     "halo": r"(?s)outputs are wrong.*overlaps the image border.*off by one",
     "stride": r"(?s)stride=\(2, 3\).*outputs are wrong.*is the stride applied",
-    "square": r"(?s)outputs are wrong.*failed a non-square one",
+    "square": r"(?s)outputs are wrong.*gets a square input right and this non-square one wrong",
     "nowrite": r"nothing was written",
 }
 

@@ -131,7 +131,9 @@ def compare(out, expected, absref=None, reduction: int = 1, precision: str = "fp
             1.0, np.sqrt(reduction))
     # whole-array passes with few temporaries: outputs of 10^8 elements are checked here
     absref = xp.asarray(absref, xp.float64)
-    scaled = absref + 1e-30          # absref + 1e-30, then tol, then the relative error
+    # the relative error's scale; an element whose every term is zero (all padding) must be
+    # exactly 0 and has none (an error there is absolute, and named below)
+    scaled = xp.where(absref > 0, absref, xp.inf)
     tol = xp.multiply(absref, rtol, out=xp.empty_like(scaled))
     tol += 1e-30
     c = Comparison(out.shape, True, rtol=rtol)
@@ -168,13 +170,16 @@ def compare(out, expected, absref=None, reduction: int = 1, precision: str = "fp
         if c.nonfinite:
             first = tuple(int(i) for i in xp.argwhere(nonfinite)[0])
             c.messages.append(f"{c.nonfinite} outputs are NaN or Inf, first at index {first} "
-                              f"(value {out[first]})")
+                              f"(value {out[first]}: never written, where the launcher starts "
+                              "its output as NaN, or computed from a NaN or an overflow)")
         wrong = c.bad - c.not_written - c.nonfinite
         if wrong:
             idx = tuple(int(i) for i in xp.argwhere(bad & ~unwritten & ~nonfinite)[0])
+            zero = " (exactly 0: every term there is zero, padding)" if float(
+                absref[idx]) == 0 else ""
             c.messages.append(
                 f"{wrong} of {out.size} outputs are wrong, first at index {idx}: got "
-                f"{float(out[idx]):.6g}, expected {float(expected[idx]):.6g} (max abs err "
+                f"{float(out[idx]):.6g}, expected {float(expected[idx]):.6g}{zero} (max abs err "
                 f"{c.max_abs:.3g}, max rel err {c.max_rel:.3g}, tolerance {rtol:.1e} relative)")
     return c
 
@@ -332,16 +337,19 @@ def _border_mask(case) -> np.ndarray | None:
     return rb[:, None] | cb[None, :]
 
 
-def _hints(case, out, comp: Comparison, passed: list) -> list:
-    """Name the likely mistake from which cases passed and where the errors are."""
+def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> list:
+    """Name the likely mistake from which cases passed and where the errors are.
+    square_passes(): whether the code gets a square input with this case's arguments right
+    (asked only when every case that passed was square)."""
     hints = []
     case, out = _as_nchw(case, out)
     kw, x = case["kwargs"], case["inputs"][0]
     shapes = [_as_nchw(c)[0]["inputs"][0].shape for c in passed]
     if x.ndim == 4 and x.shape[2] != x.shape[3] and shapes and all(
-            s[-1] == s[-2] for s in shapes):
-        hints.append("it passed a square input and failed a non-square one: are H and W "
-                     "(or P and Q, rows and columns) mixed up somewhere?")
+            s[-1] == s[-2] for s in shapes) and square_passes is not None and square_passes():
+        hints.append("it gets a square input right and this non-square one wrong (same "
+                     "stride and padding): are H and W (or P and Q, rows and columns) mixed up "
+                     "somewhere?")
     if ref.pair(kw.get("stride", 1)) != (1, 1) and passed and all(
             ref.pair(c["kwargs"].get("stride", 1)) == (1, 1) for c in passed):
         hints.append(f"every stride-1 case passed, this one has stride={kw['stride']}: is the "
@@ -351,7 +359,10 @@ def _hints(case, out, comp: Comparison, passed: list) -> list:
         hints.append(f"every undilated case passed, this one has dilation={kw['dilation']}: is "
                      "the dilation applied to the filter offsets?")
     band = _border_mask(case)
-    if band is not None and comp.bad and band.any() and not band.all():
+    if comp.not_written and comp.not_written == comp.bad:
+        hints.append("every wrong output is one never written: does every output get a thread "
+                     "(the grid's size, a loop's bound, an early return)?")
+    elif band is not None and comp.bad and band.any() and not band.all():
         bad = ~(np.abs(out.astype(np.float64) - case["expected"]) <= comp.rtol * case["absref"])
         bad2d = bad.reshape(-1, *bad.shape[-2:]).any(axis=0)
         if not (bad2d & ~band).any():
@@ -392,7 +403,8 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
             if case.get("layout") == "nhwc" and isinstance(comp.err, np.ndarray):
                 comp.err = comp.err.transpose(0, 3, 1, 2)  # the picture: rows x columns
             if not comp.ok:
-                comp.messages += [f"hint: {h}" for h in _hints(case, out, comp, passed)]
+                comp.messages += [f"hint: {h}" for h in _hints(
+                    case, out, comp, passed, lambda c=case: _square_passes(fn, c, device))]
                 _fail(task, case["label"], comp)
             if first is None:
                 first = out
@@ -408,6 +420,22 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
     if not quiet:
         print(line)
     return line
+
+
+def _square_passes(fn, case, device) -> bool:
+    """Whether fn gets an NCHW conv case right with x made square (H x H), the filter and
+    the arguments unchanged: tells an H/W mix-up from a bug the first square case missed."""
+    x, w = case["inputs"]
+    if case.get("layout") == "nhwc" or x.ndim != 4:
+        return False
+    rng = np.random.default_rng(1)
+    try:
+        sq = reference_case(random_array((*x.shape[:2], x.shape[2], x.shape[2]), rng), w,
+                            **case["kwargs"])
+        out = call(fn, sq["inputs"], sq["expected"].shape, sq["kwargs"], device)
+    except Exception:  # noqa: BLE001  (no hint from a case it cannot build or a failed call)
+        return False
+    return compare(out, sq["expected"], sq["absref"], sq["reduction"]).ok
 
 
 def _race_check(task: str, fn, cases, device) -> bool:
