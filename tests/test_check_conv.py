@@ -226,3 +226,18 @@ def test_check_conv2d_case_reports_under_the_callers_name():
         check.check_conv2d_case(flipped, (2, 3, 9, 11), (5, 3, 3, 3), stride=(2, 1),
                                 padding=1, device=False, quiet=True,
                                 name="conv2d_im2col (your im2col, then your GEMM)")
+
+
+def test_a_launcher_that_returns_its_own_array_is_told_to_fill_out():
+    def own_array(a, b, out):
+        return (a @ b).astype(np.float32)  # right numbers, but `out` is never written
+
+    with pytest.raises(check.CheckError, match=r"own_array returned an array of its own and "
+                                               r"left `out` unwritten: the checker reads `out`"):
+        check.check_gemm(own_array, device=False, quiet=True)
+
+    def fills_out(a, b, out):
+        out[...] = a @ b
+        return out
+
+    assert "cases passed" in check.check_gemm(fills_out, device=False, quiet=True)

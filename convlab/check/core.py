@@ -272,10 +272,17 @@ def call(fn, inputs: list, out_shape, kwargs: dict, device: bool):
     if _writes_out(fn):
         out = cuda.to_device(poisoned(out_shape)) if device else poisoned(out_shape)
         with learner_call(fn):
-            fn(*args, out=out, **kwargs)
+            ret = fn(*args, out=out, **kwargs)
             if device:
                 cuda.synchronize()
-        return _to_host(out)
+            got = _to_host(out)
+            # an array of its own returned, `out` untouched: the checker reads `out`
+            if ret is not None and _unwritten(got).all() and getattr(ret, "shape", None) == \
+                    tuple(out_shape) and not _unwritten(np.asarray(_to_host(ret))).all():
+                raise CheckError(f"{_name(fn)} returned an array of its own and left `out` "
+                                 "unwritten: the checker reads `out` (launch the kernel on "
+                                 "out itself)")
+        return got
     with learner_call(fn):
         result = fn(*args, **kwargs)
         if device:
@@ -286,6 +293,14 @@ def call(fn, inputs: list, out_shape, kwargs: dict, device: bool):
         raise CheckError(f"{_name(fn)} returned None: not implemented yet? (it must return "
                          "the output array, or take an `out` argument and fill it)")
     return result
+
+
+def _unwritten(a) -> np.ndarray:
+    """Where a float32 array still holds the checker's 'not written' marker."""
+    a = np.asarray(a)
+    if a.dtype != np.float32:
+        return np.zeros(a.shape, bool)
+    return a.view(np.uint32) == int(POISON_BITS)
 
 
 def _name(fn) -> str:
