@@ -41,6 +41,16 @@ def test_holes_keep_the_given_lines_and_still_parse():
     assert "HOLE" not in out and "x * i" not in out
 
 
+def test_unfilled_holes_are_listed_and_filled_ones_are_not():
+    """The grader names the holes a failing answer still holds: the skeleton's own holes,
+    not an out[...] index, and none once they are filled."""
+    holes = nbf.unfilled_holes(nbf.strip_solution(SKELETON))
+    assert holes == ["# TODO(learner): append x times i (still `pass`)", "line 8: a, b = ..."]
+    half = nbf.strip_solution(SKELETON).replace("        pass\n", "        out.append(x)\n")
+    assert nbf.unfilled_holes(half) == ["line 8: a, b = ..."]
+    assert nbf.unfilled_holes(SKELETON.replace("return a + b", "out[...] = 0")) == []
+
+
 def test_a_region_without_holes_is_still_the_stub():
     out = nbf.strip_solution("def f():\n    ### BEGIN SOLUTION\n    return 1\n"
                              "    ### END SOLUTION\n")

@@ -428,6 +428,10 @@ def grade(submission, instructor=None, private_tests=None, *, cell_timeout: floa
     for t in tasks.values():
         if not t.passed:
             _explain_undefined(t, outside)
+            holes = nbf.unfilled_holes(answers.get(t.id, ""))
+            if holes and t.kind != "not-implemented":
+                t.message += ("\n(your answer still has unfilled holes of the exercise: "
+                              + "; ".join(holes[:4]) + ("; …" if len(holes) > 4 else "") + ")")
     result.seconds = time.perf_counter() - t_start
     return result
 

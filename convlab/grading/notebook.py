@@ -491,6 +491,32 @@ def python_source(text: str) -> str:
         return text
 
 
+def unfilled_holes(text: str) -> list[str]:
+    """The skeleton's holes an answer still holds, as lines to show the learner: a
+    ``# TODO(learner)`` line followed by a bare ``pass``, and any ``...`` value."""
+    lines = text.splitlines()
+
+    def short(line):
+        line = line.strip()
+        return line if len(line) <= 72 else line[:71] + "…"
+
+    out = []
+    for i, line in enumerate(lines):
+        if line.strip().startswith("# TODO(learner)"):
+            nxt = next((x.strip() for x in lines[i + 1:] if x.strip()), "")
+            if nxt == "pass":
+                out.append(f"{short(line)} (still `pass`)")
+    try:
+        tree = ast.parse(python_source(text))
+    except SyntaxError:
+        return out
+    for node in ast.walk(tree):  # `name = ...`, as the skeleton gives it (not out[...])
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                node.value.value is Ellipsis and 0 < node.lineno <= len(lines):
+            out.append(f"line {node.lineno}: {short(lines[node.lineno - 1])}")
+    return out
+
+
 def bound_names(text: str) -> list[str]:
     """Names a cell binds at top level (assignments, defs, imports, for/with targets)."""
     try:
