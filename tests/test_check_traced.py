@@ -68,6 +68,28 @@ def test_check_bank_conflicts_tells_the_layouts_apart():
                                                     quiet=True)
 
 
+def test_check_bank_conflicts_names_a_conflicting_store_as_a_store():
+    from numba import cuda, float32
+
+    @cuda.jit
+    def kernel(a, out):
+        tile = cuda.shared.array((32, 32), float32)
+        t = cuda.threadIdx.x
+        for j in range(32):
+            tile[t, j] = a[t, j]  # a column per warp step: 32 rows of 32 floats, 32-way
+        cuda.syncthreads()
+        out[t] = tile[0, t] + tile[1, t] * 0  # rows: conflict-free loads
+
+    def launch(a, out):
+        kernel[1, 32](a, out)
+
+    rng = np.random.default_rng(2)
+    a = check.random_array((32, 32), rng)
+    with pytest.raises(check.CheckError, match=r"worst: .*tile\[t, j\] \(\d+\.\d-way, a store\)"
+                                               r"\n  hint: within a warp, threads that write"):
+        check.check_bank_conflicts(launch, a, np.zeros(32, np.float32), kind=None, quiet=True)
+
+
 def _barrier_launcher(per_step):
     """A launcher whose block b passes steps[b] * `per_step` barriers; thread 3 of every
     block leaves before the first (a thread that has exited does not hold a barrier)."""

@@ -150,8 +150,9 @@ def check_bank_conflicts(fn, *args, max_ways: float = 1.0, kind="load", quiet=Fa
         raise CheckError(
             f"bank conflicts FAILED: {name}'s shared-memory {what} are "
             f"{ways:.2f}-way on average (at most {max_ways:g} allowed); worst: {worst['site']} "
-            f"({worst['ways']:.1f}-way)\n  hint: within a warp, threads that read different "
-            "words should read different banks (word address mod 32)")
+            f"({worst['ways']:.1f}-way, a {worst['kind']})\n  hint: within a warp, threads "
+            f"that {'write' if worst['kind'] == 'store' else 'read'} different words should "
+            "reach different banks (word address mod 32)")
     line = f"✓ bank conflicts: {name}: shared-memory {what} {ways:.2f}-way on average"
     if not quiet:
         print(line)
