@@ -3,8 +3,13 @@
 import numpy as np
 import pytest
 
-from convlab import check, errors
-from convlab import reference as ref
+import convlab
+
+convlab.setup()
+from numba import cuda  # noqa: E402
+
+from convlab import check, errors  # noqa: E402
+from convlab import reference as ref  # noqa: E402
 
 
 def _rand(shape, seed=0):
@@ -120,3 +125,21 @@ def test_an_output_that_must_be_exactly_zero_is_named_and_keeps_the_relative_err
     assert "(exactly 0: every term there is zero, padding)" not in c.messages[0]  # [0, 1] first
     only_zero = check.compare(np.array([[1.0, 2.0], [0.5, 4.0]], np.float32), expected, absref)
     assert "expected 0 (exactly 0: every term there is zero, padding)" in only_zero.messages[0]
+
+
+@cuda.jit
+def past_the_end(a, b, c):
+    i, j = cuda.grid(2)
+    if i < c.shape[0] and j < c.shape[1]:
+        c[i, j] = a[i, j + 1]  # reads a column past a's last one
+
+
+def test_a_learner_exception_says_the_line_that_raised_it():
+    """An IndexError inside a kernel (the simulator raises it from the block's thread) is
+    reported with the kernel's own line, not only the simulator's message."""
+    def gemm(a, b, out):
+        past_the_end[(8, 8), (16, 16)](a, b, out)
+
+    with pytest.raises(check.CheckError, match=r"IndexError: .*\n  at line \d+ of "
+                       r"test_check_core.py: c\[i, j\] = a\[i, j \+ 1\]"):
+        check.check_gemm(gemm, device=True, quiet=True)

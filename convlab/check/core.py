@@ -412,8 +412,8 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
             except CheckError:
                 raise
             except Exception as e:  # noqa: BLE001  (report the learner's exception as a failure)
-                raise CheckError(
-                    f"{task} raised on {case['label']}: {type(e).__name__}: {e}") from e
+                raise CheckError(f"{task} raised on {case['label']}: {type(e).__name__}: "
+                                 f"{e}{raised_at(e)}") from e
             comp = compare(out, case["expected"], case["absref"], case["reduction"], precision)
             if case.get("layout") == "nhwc" and isinstance(comp.err, np.ndarray):
                 comp.err = comp.err.transpose(0, 3, 1, 2)  # the picture: rows x columns
@@ -502,6 +502,29 @@ def _race_hint(text: str) -> str:
             "buffer it reads?")
 
 
+def raised_at(e: BaseException) -> str:
+    """Where the learner's code raised `e`: "\n  at line N of <your cell>: <source>" for the
+    innermost frame of `e`'s traceback outside Python, NumPy, numba and this package, or ""."""
+    import linecache
+    import os
+
+    skip = (os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(__file__)),
+            "site-packages", "dist-packages")
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not any(s in name for s in skip):
+            found = (name, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None:
+        return ""
+    name, line = found
+    text = linecache.getline(name, line).strip()
+    cell = "your cell" if "ipykernel" in name or name.startswith("<") else os.path.basename(name)
+    return f"\n  at line {line} of {cell}: {text[:120]}" if text else ""
+
+
 def _value_call(task: str, fn, args: tuple, kwargs: dict, label: str):
     """Call the learner's fn on plain values (under the grader's guards); report a raise."""
     try:
@@ -510,7 +533,8 @@ def _value_call(task: str, fn, args: tuple, kwargs: dict, label: str):
     except CheckError:
         raise
     except Exception as e:  # noqa: BLE001  (the learner's exception is the failure)
-        raise CheckError(f"{task} raised on {label}: {type(e).__name__}: {e}") from e
+        raise CheckError(f"{task} raised on {label}: {type(e).__name__}: {e}"
+                         f"{raised_at(e)}") from e
 
 
 def _as_float(task: str, value, label: str) -> float:

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..barrier import BlockBarrier
 from ..errors import CheckError
+from .core import raised_at
 
 _tls = threading.local()
 MAX_BLOCK = 1024
@@ -229,7 +230,7 @@ def run_block(kernel, args, *, grid, block, block_idx=(0, 0, 0), barrier=None) -
     if state.error is not None:
         tid, thread, e = state.error
         raise CheckError(f"thread {list(thread)} (tid {tid}) of block {_where(block_idx)} "
-                         f"raised {type(e).__name__}: {e}") from e
+                         f"raised {type(e).__name__}: {e}{raised_at(e)}") from e
     if barrier is not None and state.snapshot is None:
         raise CheckError(f"block {_where(block_idx)} reached only {state.count} "
                          f"cuda.syncthreads() barrier(s), not {barrier}: is the barrier "

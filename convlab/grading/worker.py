@@ -63,7 +63,10 @@ def _reply(n: int, data: dict) -> None:
 def _error(e: BaseException) -> dict:
     tb = traceback.extract_tb(e.__traceback__)
     where = [f"{os.path.basename(fr.filename)}:{fr.lineno}" for fr in tb[-3:]]
-    return {"ok": False, "ename": type(e).__name__, "evalue": str(e)[:2000], "where": where}
+    from convlab.check.core import raised_at
+
+    return {"ok": False, "ename": type(e).__name__,
+            "evalue": (str(e)[:2000] + raised_at(e)), "where": where}
 
 
 def describe(n: int, name: str) -> None:
