@@ -51,6 +51,7 @@ from .core import (
     compare,
     learner_call,
     poisoned,
+    raised_at,
     random_array,
     reference_case,
 )
@@ -85,6 +86,6 @@ __all__ = [
     "check_partition", "check_pipeline_time", "check_roofline", "check_rounding",
     "check_scaled_gemm", "check_separable_factors", "check_weighted_split", "compare",
     "conv2d_cases", "depthwise_cases", "filter2d_cases", "gemm_cases", "learner_call",
-    "nhwc_case", "poisoned", "random_array", "reference_case", "register_fragment",
+    "nhwc_case", "poisoned", "raised_at", "random_array", "reference_case", "register_fragment",
     "run_block", "self_check", "slab_bounds", "staged_tile", "traffic", "window",
 ]

@@ -77,13 +77,13 @@ def traffic(t) -> dict:
                 stored={a: int((t.load_counts(a, kind="store") > 0).sum()) for a in stored})
 
 
-REGISTER_BLOCKING = ("let each thread compute several outputs from every value it loads "
+_REGISTER_BLOCKING = ("let each thread compute several outputs from every value it loads "
                      "(register blocking)")
 
 
 def check_loads_per_output(fn, *args, max_per_output: float, array: str | None = None,
                            space: str = "global", only_output: bool = True,
-                           hint: str = REGISTER_BLOCKING, quiet=False, **kwargs) -> str:
+                           hint: str = _REGISTER_BLOCKING, quiet=False, **kwargs) -> str:
     """Trace one launch of the GPU launcher ``fn(*args, **kwargs)`` and fail if its kernels
     load more than `max_per_output` values per output element from `space` ('global' or
     'shared') memory, counting every load of every thread (caches are not modelled), of
