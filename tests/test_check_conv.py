@@ -241,3 +241,17 @@ def test_a_launcher_that_returns_its_own_array_is_told_to_fill_out():
         return out
 
     assert "cases passed" in check.check_gemm(fills_out, device=False, quiet=True)
+
+
+def test_a_filter_wrong_only_at_the_border_gets_the_border_hint():
+    """'same' filter whose bounds test drops image row 0 and column 0 (gy > 0): every wrong
+    output lies where the window touches the border."""
+    def off_by_one(img, k):
+        padded = np.pad(img, ((k.shape[0] // 2,) * 2, (k.shape[1] // 2,) * 2))
+        padded[k.shape[0] // 2, :] = 0  # image row 0 read as padding
+        padded[:, k.shape[1] // 2] = 0  # image column 0 too
+        H, W = img.shape
+        return np.array([[np.sum(padded[r:r + k.shape[0], c:c + k.shape[1]] * k)
+                          for c in range(W)] for r in range(H)], np.float32)
+
+    _fails(check.check_filter2d, off_by_one, "overlaps the image border")
