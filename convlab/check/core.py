@@ -91,9 +91,13 @@ class Comparison:
 
     def error_map(self) -> np.ndarray:
         """|error| reduced to the last two axes (max over the others); NaN where unwritten."""
+        import warnings
+
         e = self.err if isinstance(self.err, np.ndarray) else self.err.get()  # CuPy
-        while e.ndim > 2:
-            e = np.nanmax(e, axis=0) if np.isfinite(e).any() else e[0]
+        with warnings.catch_warnings():  # an all-NaN column (never written) stays NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            while e.ndim > 2:
+                e = np.nanmax(e, axis=0) if np.isfinite(e).any() else e[0]
         return e
 
     def show(self, title: str = "error map"):
