@@ -143,3 +143,15 @@ def test_a_learner_exception_says_the_line_that_raised_it():
     with pytest.raises(check.CheckError, match=r"IndexError: .*\n  at line \d+ of "
                        r"test_check_core.py: c\[i, j\] = a\[i, j \+ 1\]"):
         check.check_gemm(gemm, device=True, quiet=True)
+
+
+def test_the_error_map_of_a_half_written_output_draws_without_warnings():
+    import warnings
+
+    out = check.poisoned((2, 3, 4, 5))
+    out[..., :3] = 1.0  # columns 3 and 4 never written in any plane
+    c = check.compare(out, np.ones((2, 3, 4, 5)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m = c.error_map()
+    assert m.shape == (4, 5) and (m[:, :3] == 0).all() and np.isnan(m[:, 3:]).all()
