@@ -255,3 +255,14 @@ def test_a_filter_wrong_only_at_the_border_gets_the_border_hint():
                           for c in range(W)] for r in range(H)], np.float32)
 
     _fails(check.check_filter2d, off_by_one, "overlaps the image border")
+
+
+def test_a_grouped_conv_that_ignores_the_groups_channel_offset_is_told_so():
+    def no_offset(x, w, stride=1, padding=0, groups=1):
+        cg = w.shape[1]  # every group reads channels 0 .. cg-1: right only when groups == 1
+        return ref.conv2d(np.ascontiguousarray(np.tile(x[:, :cg], (1, groups, 1, 1))), w,
+                          stride=stride, padding=padding, groups=groups)
+
+    with pytest.raises(check.CheckError, match=r"every groups=1 case passed, this one has "
+                                               r"groups=3: does each filter read only its own"):
+        check.check_conv2d(no_offset, groups=True, quiet=True)

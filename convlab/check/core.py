@@ -378,6 +378,11 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
             ref.pair(c["kwargs"].get("stride", 1)) == (1, 1) for c in passed):
         hints.append(f"every stride-1 case passed, this one has stride={kw['stride']}: is the "
                      "stride applied (to both rows and columns)?")
+    if kw.get("groups", 1) != 1 and passed and all(
+            c["kwargs"].get("groups", 1) == 1 for c in passed):
+        hints.append(f"every groups=1 case passed, this one has groups={kw['groups']}: does "
+                     "each filter read only its own group's channels (the group's first "
+                     "channel, k // (K // groups) * (C // groups))?")
     if ref.pair(kw.get("dilation", 1)) != (1, 1) and passed and all(
             ref.pair(c["kwargs"].get("dilation", 1)) == (1, 1) for c in passed):
         hints.append(f"every undilated case passed, this one has dilation={kw['dilation']}: is "
