@@ -95,3 +95,10 @@ def test_check_conv2d_fp16():
     with pytest.raises(check.CheckError, match="round x and w to fp16"):
         check.check_conv2d_fp16(lambda x, w, stride=1, padding=0: ref.conv2d(
             x, w, stride=stride, padding=padding), quiet=True)
+
+    def int_stride(x, w, stride=1, padding=0):  # fine until a (rows, columns) stride
+        return conv16(x, w, stride=int(stride), padding=padding)
+
+    # the learner's exception is the report (the hint's second call used to replace it)
+    with pytest.raises(check.CheckError, match=r"raised on x\(.*stride=\(2, 3\).*TypeError"):
+        check.check_conv2d_fp16(int_stride, quiet=True)

@@ -222,9 +222,11 @@ def test_self_check_scores_like_the_grader(capsys):
     assert check.self_check("x.t", [(2, "y = 1"), (1, "assert y == 1")], ns) == 3
     out = capsys.readouterr().out
     assert "x.t: 3 / 3 points" in out
-    # what the grader does differently: only answer cells, no host copies in GPU tasks
+    # what the grader does differently: only answer cells; host copies only for GPU tasks
     assert "with only your answer cells ('# EXERCISE: ...') run in a fresh copy" in out
-    assert "refuses device-to-host copies" in out
+    assert "device-to-host" not in out  # a CPU task's tests
+    check.self_check("x.g", [(1, "check_gemm(f, device=True) if False else None")], ns)
+    assert "refuses device-to-host copies" in capsys.readouterr().out
     assert check.self_check("x.t", [(2, "y = 1"), (1, "assert y == 2, 'y is off'")], ns) == 0
     out = capsys.readouterr().out
     assert "0 / 3 points" in out and "✗ test 2 (1 point): AssertionError: y is off" in out

@@ -65,4 +65,8 @@ def test_partition():
     _fails(check.check_partition, lambda n, w: [(0, n - (w - 1))] + [
         (n - (w - 1) + i, n - (w - 1) + i + 1) for i in range(w - 1)], "differ by more")
     _fails(check.check_partition, lambda n, w: fair(n, w)[::-1], "not in order")
+    # float bounds: a slice would refuse them, so does the checker (int() truncated them)
+    _fails(check.check_partition, lambda n, w: [(i * n / min(n, w), (i + 1) * n / min(n, w))
+                                                for i in range(min(n, w))],
+           "cannot be interpreted as an integer")
     _fails(check.check_partition, lambda n, w: [(0, n)], "non-empty parts")

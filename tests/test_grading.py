@@ -162,6 +162,16 @@ def test_bound_names_and_flags():
     assert "builds functions from code objects" in nbf.scan_flags(
         "f = types.FunctionType(g.__code__.replace(co_filename=n), {})")
     assert nbf.scan_flags("def f(x):\n    return np.asarray(x).sum()\n") == []  # not a kernel
+    # Numba's CPU compiler may run NumPy; scipy.signal is not the signal module
+    for cpu in ("@njit\ndef f(x):\n    y = np.zeros(3)\n    return y",
+                "@numba.njit(parallel=True)\ndef f(x):\n    return np.zeros(3)"):
+        assert nbf.scan_flags(cpu) == [], cpu
+    for sig in ("from scipy.signal import correlate2d", "y = scipy.signal.correlate2d(x, k)"):
+        assert "starts processes or handles signals" not in nbf.scan_flags(sig), sig
+    for handler in ("import signal", "signal.signal(signal.SIGTERM, f)"):
+        assert "starts processes or handles signals" in nbf.scan_flags(handler), handler
+    assert any(f.startswith(in_kernel) for f in nbf.scan_flags(
+        "@jit\ndef k(x):\n    y = np.zeros(3)\n"))  # a bare jit may be cuda.jit
     # source compiled under a file name of one's choice (the tracer's folder is exempt)
     for run in ("import code\ncode.InteractiveInterpreter(g).runsource(s, p, 'exec')",
                 "from code import InteractiveConsole", "import codeop"):
@@ -502,6 +512,9 @@ def planted_batch(tmp_path_factory):
     nb.cells.insert(at, nbformat.v4.new_code_cell(
         "# my helper\nbox_sum = np.einsum  # the sum over each window\n"))
     (folder / "student_outside" / "06_tiled.ipynb").write_text(nbf.writes(nb))
+    # fx.box's answer cell does not parse: its test's NameError follows from that
+    submission(folder / "student_syntax" / "06_tiled.ipynb", *SOLVED,
+               replace={"def filter2d_numpy(image, kernel):": "def filter2d_numpy(image, kernel)"})
     out = folder / "graded"
     t0 = time.perf_counter()
     rows = grade_batch(folder, out, jobs=2, instructor=FIXTURE, cell_timeout=60,
@@ -514,7 +527,8 @@ def test_batch_gradebook_survives_a_broken_submission(planted_batch):
     folder, out, rows = planted_batch
     with open(out / "gradebook.csv", newline="") as f:
         book = {r["submission"]: r for r in csv.DictReader(f)}
-    assert set(book) == {f"student_{b}__06_tiled" for b in [*PLANTED, "broken", "outside"]}
+    assert set(book) == {f"student_{b}__06_tiled"
+                         for b in [*PLANTED, "broken", "outside", "syntax"]}
     broken = book["student_broken__06_tiled"]
     assert broken["status"] == "error" and "JSON is broken" in broken["error"]
     assert float(broken["score"]) == 0
@@ -538,6 +552,14 @@ def test_planted_bug_scores_partially_with_its_message(planted_batch, bug):
     assert re.search(PLANTED[bug], tiled["output"]), tiled["output"]
     others = [re.search(PLANTED[b], tiled["output"]) for b in PLANTED if b != bug]
     assert not any(others), f"{bug}: the message also matches another bug's"
+
+
+def test_an_answer_cell_that_raises_is_named_before_the_test_it_broke(planted_batch):
+    _, out, _ = planted_batch
+    box = by_task(json.loads((out / "student_syntax__06_tiled.results.json").read_text()))
+    assert box["fx.box"]["status"] == "failed"
+    assert re.match(r"✗ your answer cell raised SyntaxError: .*\n\(so the test said: .*NameError",
+                    box["fx.box"]["output"]), box["fx.box"]["output"]
 
 
 def test_a_name_from_a_cell_the_grader_does_not_run_is_explained(planted_batch):

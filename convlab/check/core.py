@@ -174,8 +174,8 @@ def compare(out, expected, absref=None, reduction: int = 1, precision: str = "fp
         if c.nonfinite:
             first = tuple(int(i) for i in xp.argwhere(nonfinite)[0])
             c.messages.append(f"{c.nonfinite} outputs are NaN or Inf, first at index {first} "
-                              f"(value {out[first]}: never written, where the launcher starts "
-                              "its output as NaN, or computed from a NaN or an overflow)")
+                              f"(value {out[first]}: never written, where the output starts "
+                              "as NaN, or computed from a NaN or an overflow)")
         wrong = c.bad - c.not_written - c.nonfinite
         if wrong:
             idx = tuple(int(i) for i in xp.argwhere(bad & ~unwritten & ~nonfinite)[0])

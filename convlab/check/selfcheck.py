@@ -50,9 +50,10 @@ def self_check(task: str, tests: list, namespace: dict, *, quiet: bool = False) 
         head = f"{task}: {score:g} / {total:g} points from the public tests"
         if not passed:
             head += " (a task scores only when all its tests pass)"
+        gpu = any("device=True" in src for _, src in tests)
         print("\n".join([head, *lines, "  the grader reruns these tests, and hidden ones, "
                          "in its own process, with only your answer cells ('# EXERCISE: "
-                         "...') run in a fresh copy of the exercise, and refuses device-to-host "
-                         "copies (printing a device array's element, copy_to_host) inside a "
-                         "GPU task's launcher"]))
+                         "...') run in a fresh copy of the exercise"
+                         + (", and refuses device-to-host copies (printing a device array's "
+                            "element, copy_to_host) inside your launcher" if gpu else "")]))
     return score

@@ -8,6 +8,8 @@ edge cases plus random ones, and names the likely mistake.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from ..errors import CheckError
@@ -115,8 +117,8 @@ def _ranges(parts) -> list:
                 raise ValueError(f"range {p} has a step; parts must be contiguous")
             out.append((p.start, p.stop))
         else:
-            a, b = p
-            out.append((int(a), int(b)))
+            a, b = p  # indices, as a slice takes them: 2.5 is refused, not truncated
+            out.append((operator.index(a), operator.index(b)))
     return out
 
 

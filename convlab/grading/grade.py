@@ -560,8 +560,8 @@ def _score_test(t: TaskResult, run, timeout: float, answer_error, answered):
         else:
             t.message = f"{run.ename}: {run.evalue}"
     t.message = t.message[:3000]
-    if answer_error:
-        t.message += f"\n(your answer cell raised {answer_error})"
+    if answer_error:  # the cause first: the test's error follows from it
+        t.message = f"your answer cell raised {answer_error}\n(so the test said: {t.message})"
 
 
 def _pass_lines(text: str) -> str:

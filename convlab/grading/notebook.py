@@ -591,7 +591,8 @@ _FLAGS = [
      r"addaudithook)\b", "introspects frames, closures or the interpreter"),
     (r"\b(get_ipython|IPython|ipykernel|run_cell|input_transformers|ast_transformers|"
      r"set_custom_exc)\b", "touches the notebook machinery"),
-    (r"\b(subprocess|os\.system|os\.popen|os\.fork|multiprocessing|signal)\b",
+    (r"\b(subprocess|os\.system|os\.popen|os\.fork|multiprocessing)\b|(?<![.\w])signal\b"
+     r"(?!\s+import\b)",
      "starts processes or handles signals"),
     (r"\b(mock|monkeypatch)\b", "monkeypatching"),
     (r"(^|[^.\w])(exec|eval|compile)\s*\(", "exec/eval/compile"),
@@ -714,7 +715,10 @@ def _stores_attributes(tree: ast.AST) -> bool:
 
 
 def _is_jit(fn) -> bool:
-    return any("jit" in ast.unparse(d) for d in fn.decorator_list)
+    """A function compiled for the GPU as far as the source tells (`njit` is Numba's CPU
+    compiler: an @njit function may run NumPy)."""
+    return any("jit" in t and not re.match(r"(numba\.)?njit\b", t)
+               for t in (ast.unparse(d) for d in fn.decorator_list))
 
 
 def _plain_calls_in_kernels(tree: ast.AST) -> bool:
