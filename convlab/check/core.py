@@ -397,11 +397,16 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
         if not (bad2d & ~band).any():
             hints.append("all errors are where the filter window overlaps the image border: "
                          "check the padding offset and the bounds tests (off by one?)")
+    wf = case["inputs"][1]
+    flipped = None
     if x.ndim == 4 and comp.bad:
-        wf = case["inputs"][1]
         flipped = ref.conv2d(x.astype(np.float64), wf[:, :, ::-1, ::-1].astype(np.float64),
                              **{"groups": x.shape[1] // wf.shape[1], **kw})
-        if compare(out, flipped, case["absref"], case["reduction"]).ok:
+    elif x.ndim == 2 and np.ndim(wf) == 2 and comp.bad and case["expected"].shape == x.shape:
+        flipped = ref.filter2d(x.astype(np.float64), wf[::-1, ::-1].astype(np.float64))
+    if flipped is not None:
+        if out.shape == flipped.shape and compare(out, flipped, case["absref"],
+                                                   case["reduction"]).ok:
             hints.append("the output equals a true convolution (flipped filter): deep-learning "
                          "'convolution' is cross-correlation, do not flip the filter")
     return hints

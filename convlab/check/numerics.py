@@ -50,6 +50,10 @@ def check_rounding(fn, fmt: str = "bf16", *, seed=None, quiet=False) -> str:
     got = np.asarray(got)
     if got.shape != x.shape:
         raise CheckError(f"{task} FAILED: output shape {got.shape}, expected {x.shape}")
+    if got.dtype.kind in "iu":
+        raise CheckError(f"{task} FAILED: returned {got.dtype} (the rounded bits?), expected "
+                         "float32 values\n  hint: reinterpret the bits as floats: "
+                         "bits.view(np.float32)")
     got = got.astype(np.float32)
     nan_ok = np.isnan(want) == np.isnan(got)
     same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(want) & np.isnan(got))
