@@ -40,7 +40,7 @@ def test_check_rounding_passes_right_and_fails_planted_answers():
     for bad, why in ((truncate, "round toward zero"), (ties_away, "tie"),
                      (nan_into_inf, "NaN must stay NaN"), (lambda x: x, "FAILED"),
                      (lambda x: np.asarray(x)[:-1], "shape"), (lambda x: None, "None"),
-                     (lambda x: _to_bf16(x).view(np.uint32), r"returned uint32 .*\.view\(np")):
+                     (lambda x: _to_bf16(x).view(np.uint32), r"(?s)returned uint32 .*\.view\(np")):
         with pytest.raises(check.CheckError, match=why):
             check.check_rounding(bad, quiet=True)
 
