@@ -15,6 +15,7 @@ Why the checkers are hard to fool is written at the top of `convlab.check.core`.
 - `capstone`: the capstone's ladder;
 - `stages`: stage checks of one part of a kernel: a staged shared tile, one thread's
   register fragment, the slab loop's coverage;
+- `parallel`: races between prange iterations, read from a CPU answer's source;
 - `selfcheck`: the grade a task's public tests would give, in the learner's notebook.
 
 Every public name of the submodules is importable from ``convlab.check``.
@@ -56,6 +57,7 @@ from .core import (
     reference_case,
 )
 from .numerics import check_conv2d_fp16, check_rounding, check_scaled_gemm
+from .parallel import prange_races, races_in_source
 from .selfcheck import self_check
 from .stages import BlockRun, register_fragment, run_block, slab_bounds, staged_tile, window
 from .traced import (
@@ -86,6 +88,7 @@ __all__ = [
     "check_partition", "check_pipeline_time", "check_roofline", "check_rounding",
     "check_scaled_gemm", "check_separable_factors", "check_weighted_split", "compare",
     "conv2d_cases", "depthwise_cases", "filter2d_cases", "gemm_cases", "learner_call",
-    "nhwc_case", "poisoned", "raised_at", "random_array", "reference_case", "register_fragment",
+    "nhwc_case", "poisoned", "prange_races", "raised_at", "races_in_source", "random_array",
+    "reference_case", "register_fragment",
     "run_block", "self_check", "slab_bounds", "staged_tile", "traffic", "window",
 ]

@@ -412,9 +412,30 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
     return hints
 
 
+def _prange_races(fn) -> list:
+    """`parallel.prange_races` of a CPU answer (read where the function lives: a graded
+    call's come from the learner's process)."""
+    races = getattr(fn, "prange_races", None)
+    if isinstance(races, list):
+        return [str(r) for r in races]
+    from .parallel import prange_races
+
+    try:
+        return prange_races(fn)
+    except Exception:  # noqa: BLE001  (source it cannot read: the numbers still decide)
+        return []
+
+
 def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: str):
     if device is None:
         device = bool(getattr(fn, "device", False))
+    if not device and (races := _prange_races(fn)):
+        raise CheckError(
+            f"{task} FAILED: a race between the iterations of a prange loop: {races[0]}: "
+            "every iteration writes this element at once (its index does not depend on the "
+            "loop's variable), so the result changes from run to run\n  hint: let the prange "
+            "loop run over the outputs (rows), each written by one iteration; make scratch "
+            "arrays inside the loop")
     if _writes_out(fn) is False and runs > 1:
         runs = 1  # a pure function cannot race with itself; one run is enough
     # a race explains any wrong answer: report it first. Under the simulator a launcher the

@@ -1,0 +1,81 @@
+"""convlab.check.parallel: a store that every iteration of a prange loop shares is found in
+the source, and the array checkers fail a CPU answer that has one, whatever its numbers."""
+
+import numpy as np
+import pytest
+from numba import njit, prange
+
+from convlab import check
+from convlab.check.parallel import races_in_source
+
+
+def test_stores_that_do_not_depend_on_the_prange_variable_are_races():
+    rows = """
+def f(A, B, C):
+    for i in prange(M):
+        for k in range(K):
+            a = A[i, k]
+            for j in range(N):
+                C[i, j] += a * B[k, j]
+"""
+    assert races_in_source(rows) == []
+    reduction = rows.replace("for i in prange(M):\n        for k in range(K):",
+                             "for k in prange(K):\n        for i in range(M):")
+    assert races_in_source(reduction) == [
+        "line 7: `C[i, j] += a * B[k, j]` inside `for k in prange(...)`"]
+    # names computed from the variable, ranges from them, and the body's own arrays: fine
+    assert races_in_source("""
+def f(x, out, bounds):
+    for t in prange(T):
+        lo, hi = bounds[t]
+        tmp = np.zeros(3)
+        for i in range(lo, hi):
+            tmp[0] = x[i]
+            out[i] = tmp[0]
+""") == []
+    # a scratch array shared by every iteration, and a scalar reduction (supported)
+    assert races_in_source("""
+def f(x, out):
+    scratch = np.zeros(W)
+    total = 0.0
+    for i in prange(H):
+        for j in range(W):
+            scratch[j] = x[i, j]
+        total += x[i, 0]
+        out[i] = scratch.sum()
+""") == ["line 7: `scratch[j] = x[i, j]` inside `for i in prange(...)`"]
+
+
+@njit(parallel=True)
+def _gemm_k_parallel(A, B, C):
+    for k in prange(A.shape[1]):
+        for i in range(A.shape[0]):
+            for j in range(B.shape[1]):
+                C[i, j] += A[i, k] * B[k, j]
+
+
+@njit(parallel=True)
+def _gemm_rows(A, B, C):
+    for i in prange(A.shape[0]):
+        for k in range(A.shape[1]):
+            for j in range(B.shape[1]):
+                C[i, j] += A[i, k] * B[k, j]
+
+
+def test_the_checker_fails_a_racy_parallel_answer_through_its_wrapper():
+    """The race rarely shows in the numbers on small cases; the source always shows it."""
+    def racy(A, B):
+        C = np.zeros((A.shape[0], B.shape[1]), np.float32)
+        _gemm_k_parallel(A, B, C)
+        return C
+
+    def rows(A, B):
+        C = np.zeros((A.shape[0], B.shape[1]), np.float32)
+        _gemm_rows(A, B, C)
+        return C
+
+    with pytest.raises(check.CheckError, match=r"gemm FAILED: a race between the iterations of "
+                       r"a prange loop: line \d+: `C\[i, j\] \+= A\[i, k\] \* B\[k, j\]` inside "
+                       r"`for k in prange\(...\)`"):
+        check.check_gemm(racy, device=False, quiet=True)
+    assert "cases passed" in check.check_gemm(rows, device=False, quiet=True)
