@@ -145,6 +145,12 @@ def test_pipeline_time_checker():
         check.check_pipeline_time(lambda t, slots=None: float(np.sum(t)), quiet=True)
     with pytest.raises(check.CheckError, match="slots"):
         check.check_pipeline_time(lambda t, slots=None: _pipeline_time(t), quiet=True)
+    # `b > slots` for `b >= slots`: one slot too many, named on the small case first
+    with pytest.raises(check.CheckError, match=r"FAILED on times \[\[2\.0, 2\.0, 2\.0\], .*\], "
+                       r"slots=1: got 14, expected 24 \(that is slots=2: batch b waits for "
+                       r"batch b - 1"):
+        check.check_pipeline_time(lambda t, slots=None: _pipeline_time(
+            t, None if slots is None else slots + 1), quiet=True)
 
 
 def _weighted(n, speeds):

@@ -201,10 +201,11 @@ def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
     for _ in range(3):
         B, S = int(rng.integers(3, 9)), int(rng.integers(2, 5))
         cases.append((rng.uniform(0.5, 5.0, (B, S)).round(3), None))
+    cases.append((np.array([[2.0, 2.0, 2.0]] * 4), 1))  # slots: small cases first
+    cases.append((np.array([[1.0, 9.0, 1.0]] * 4), 2))
     for slots in (1, 2, 3):
         B, S = int(rng.integers(4, 9)), int(rng.integers(2, 5))
         cases.append((rng.uniform(0.5, 5.0, (B, S)).round(3), slots))
-    cases.append((np.array([[1.0, 9.0, 1.0]] * 4), 2))
     for times, slots in cases:
         label = f"times {times.tolist()}" + (f", slots={slots}" if slots is not None else "")
         kw = {} if slots is None else {"slots": slots}
@@ -219,6 +220,9 @@ def check_pipeline_time(fn, *, seed=None, quiet=False) -> str:
                         "drain)")
             elif slots is not None and _close(got, reference(times), 1e-9):
                 hint = f" (that ignores slots={slots}: a batch needs a free slot to start)"
+            elif slots is not None and _close(got, reference(times, slots + 1), 1e-9):
+                hint = (f" (that is slots={slots + 1}: batch b waits for batch b - {slots} to "
+                        f"leave, so batch {slots} already waits for batch 0)")
             raise CheckError(f"{task} FAILED on {label}: got {got:.6g}, expected {want:.6g}"
                              f"{hint}")
     return _pass(task, len(cases), quiet)
