@@ -79,3 +79,43 @@ def test_the_checker_fails_a_racy_parallel_answer_through_its_wrapper():
                        r"`for k in prange\(...\)`"):
         check.check_gemm(racy, device=False, quiet=True)
     assert "cases passed" in check.check_gemm(rows, device=False, quiet=True)
+
+
+def test_check_uses_reads_the_function_and_what_it_calls():
+    def fft_filter(img, k):
+        return _via_fft(img, k)
+
+    def direct_filter(img, k):
+        return img * k.sum()
+
+    assert "uses NumPy's FFT" in check.check_uses(fft_filter, r"\bfft\.", "NumPy's FFT",
+                                                  quiet=True)
+    with pytest.raises(check.CheckError, match=r"direct_filter \(and the functions it calls: "
+                       r"direct_filter\) does not use NumPy's FFT, which the task asks for"):
+        check.check_uses(direct_filter, r"\bfft\.", "NumPy's FFT", quiet=True)
+    # a CPU GEMM with a prange loop in its Numba helper; A @ B has none
+    assert "uses a prange loop" in check.check_uses(
+        lambda A, B: _gemm_rows(A, B, None), r"\bprange\s*\(", "a prange loop", quiet=True)
+    with pytest.raises(check.CheckError, match="does not use a prange loop"):
+        check.check_uses(lambda A, B: A @ B, r"\bprange\s*\(", "a prange loop", quiet=True)
+
+
+def _via_fft(img, k):
+    return np.fft.irfft2(np.fft.rfft2(img) * np.fft.rfft2(k, img.shape), img.shape)
+
+
+def test_a_graded_call_reads_the_source_the_learners_process_sent():
+    """In grading the function is the grader's stand-in; its sources came from describe()."""
+    from convlab.grading.remote import RemoteFunction
+
+    racy = ("def g(A, B, C):\n    for k in prange(K):\n        for i in range(M):\n"
+            "            C[i, 0] += A[i, k]\n")
+    stand_in = RemoteFunction(None, "gemm_parallel", {"name": "gemm_parallel", "params": [
+        ["A", 1, None], ["B", 1, None]], "sources": {"gemm_parallel": "def gemm_parallel(A, B):"
+                                                     "\n    return g(A, B)\n", "g": racy}})
+    assert check.prange_races(stand_in) == [
+        "line 4: `C[i, 0] += A[i, k]` inside `for k in prange(...)`"]
+    assert "uses a prange loop" in check.check_uses(stand_in, r"\bprange\s*\(", "a prange loop",
+                                                    quiet=True)
+    with pytest.raises(check.CheckError, match="a race between the iterations of a prange"):
+        check.check_gemm(stand_in, device=False, quiet=True)

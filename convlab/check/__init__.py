@@ -16,7 +16,8 @@ Why the checkers are hard to fool is written at the top of `convlab.check.core`.
 - `stages`: stage checks of one part of a kernel: a staged shared tile, one thread's
   register fragment, the slab loop's coverage;
 - `parallel`: races between prange iterations, read from a CPU answer's source;
-- `selfcheck`: the grade a task's public tests would give, in the learner's notebook.
+- `selfcheck`: the grade a task's public tests would give, in the learner's notebook;
+- `source`: the learner's code as text, and `check_uses` (a technique the task states).
 
 Every public name of the submodules is importable from ``convlab.check``.
 """
@@ -59,6 +60,7 @@ from .core import (
 from .numerics import check_conv2d_fp16, check_rounding, check_scaled_gemm
 from .parallel import prange_races, races_in_source
 from .selfcheck import self_check
+from .source import check_uses, sources
 from .stages import BlockRun, register_fragment, run_block, slab_bounds, staged_tile, window
 from .traced import (
     check_bank_conflicts,
@@ -86,9 +88,9 @@ __all__ = [
     "check_depthwise", "check_filter2d", "check_filter2d_large", "check_gemm",
     "check_gemm_intensity", "check_im2col", "check_ladder", "check_loads_per_output",
     "check_partition", "check_pipeline_time", "check_roofline", "check_rounding",
-    "check_scaled_gemm", "check_separable_factors", "check_weighted_split", "compare",
+    "check_scaled_gemm", "check_separable_factors", "check_uses", "check_weighted_split", "compare",
     "conv2d_cases", "depthwise_cases", "filter2d_cases", "gemm_cases", "learner_call",
     "nhwc_case", "poisoned", "prange_races", "raised_at", "races_in_source", "random_array",
     "reference_case", "register_fragment",
-    "run_block", "self_check", "slab_bounds", "staged_tile", "traffic", "window",
+    "run_block", "self_check", "slab_bounds", "sources", "staged_tile", "traffic", "window",
 ]

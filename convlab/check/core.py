@@ -413,11 +413,8 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
 
 
 def _prange_races(fn) -> list:
-    """`parallel.prange_races` of a CPU answer (read where the function lives: a graded
-    call's come from the learner's process)."""
-    races = getattr(fn, "prange_races", None)
-    if isinstance(races, list):
-        return [str(r) for r in races]
+    """`parallel.prange_races` of a CPU answer (its source read where the function lives:
+    a graded call's from the learner's process)."""
     from .parallel import prange_races
 
     try:

@@ -12,7 +12,6 @@ from it) count as depending on it.
 from __future__ import annotations
 
 import ast
-import inspect
 import textwrap
 
 
@@ -89,22 +88,10 @@ def races_in_source(source: str) -> list[str]:
 
 
 def prange_races(fn) -> list[str]:
-    """`races_in_source` of `fn` and of the Numba-compiled functions it calls by a global
-    name (a plain wrapper around an ``@njit(parallel=True)`` helper is the usual shape)."""
-    funcs, out = [fn], []
-    code = getattr(getattr(fn, "py_func", fn), "__code__", None)
-    glb = getattr(getattr(fn, "py_func", fn), "__globals__", {})
-    for name in code.co_names if code is not None else ():
-        g = glb.get(name)
-        if hasattr(g, "py_func") and g not in funcs:
-            funcs.append(g)
-    for f in funcs:
-        try:
-            src = inspect.getsource(getattr(f, "py_func", f))
-        except (OSError, TypeError):
-            continue
-        out += races_in_source(src)
-    return out
+    """`races_in_source` of `fn` and of the functions it calls (`source.sources`)."""
+    from .source import sources
+
+    return [r for text in sources(fn).values() for r in races_in_source(text)]
 
 
 __all__ = ["prange_races", "races_in_source"]

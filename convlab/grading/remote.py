@@ -56,8 +56,9 @@ class RemoteFunction:
         self.__name__ = self.__qualname__ = str(desc.get("name") or name)[:200]
         params = desc.get("params")
         self.__signature__ = _signature(params) if isinstance(params, list) else None
-        races = desc.get("prange_races")  # read in the learner's process (check.parallel)
-        self.prange_races = [str(r)[:300] for r in races[:8]] if isinstance(races, list) else []
+        src = desc.get("sources")  # read in the learner's process (check.source)
+        self.sources = ({str(k)[:80]: str(v)[:20_000] for k, v in list(src.items())[:8]}
+                        if isinstance(src, dict) else {})
 
     def __repr__(self):
         return f"<the learner's {self._name}>"
