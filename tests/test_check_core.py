@@ -155,3 +155,16 @@ def test_the_error_map_of_a_half_written_output_draws_without_warnings():
         warnings.simplefilter("error")
         m = c.error_map()
     assert m.shape == (4, 5) and (m[:, :3] == 0).all() and np.isnan(m[:, 3:]).all()
+
+
+def test_a_numba_compile_error_names_the_line_in_the_learners_function():
+    """Numba's typing error carries the line in its text, not in the traceback's frames."""
+    from numba import njit
+
+    @njit
+    def pads(img):
+        return np.pad(img, 1)  # np.pad: not supported by Numba's compiler
+
+    with pytest.raises(check.CheckError, match=r"at line \d+ of test_check_core\.py: return "
+                                               r"np\.pad\(img, 1\)"):
+        check.check_filter2d(lambda img, k: pads(img)[1:-1, 1:-1], device=False, quiet=True)

@@ -554,6 +554,13 @@ def raised_at(e: BaseException) -> str:
         if not any(s in name for s in skip):
             found = (name, tb.tb_lineno)
         tb = tb.tb_next
+    # Numba's compile errors name the line in their text ('File "../x.py", line 6:'), a
+    # path relative to Numba's folder: found in linecache by its file name
+    for where, n in re.findall(r'File "([^"]+)", line (\d+)', str(e))[-1:]:
+        if not any(s in where for s in skip):
+            base = os.path.basename(where)
+            key = next((k for k in list(linecache.cache) if os.path.basename(k) == base), where)
+            found = (key, int(n))
     if found is None:
         return ""
     name, line = found
