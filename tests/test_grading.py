@@ -625,3 +625,11 @@ def test_autograder_zip_contents_and_run(tmp_path):
     _copy_solution(root, "07_other.ipynb")
     with pytest.raises(ValueError, match="grades one assignment"):
         write_autograder(tmp_path / "two.zip", root)
+
+
+def test_an_ungraded_cell_that_raised_is_named_by_its_first_line():
+    """The grading notebook's cell numbers are not the learner's: the log names the cell."""
+    from convlab.grading.grade import Step, _setup_cell
+
+    line = _setup_cell(Step("setup", None, "\n# a demo that uses your partition\nx = 1\n", 12))
+    assert "`# a demo that uses your partition`" in line and "12" not in line

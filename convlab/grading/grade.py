@@ -515,7 +515,7 @@ def _execute(session: KernelSession, scope, channel, steps, tasks, answers, cell
             _score_test(t, run, timeout, answer_errors.get(s.task), s.task in answers)
         if run.status in ("timeout", "dead"):
             if s.kind == "setup":
-                result.log.append(f"instructor cell {s.index} {run.status}")
+                result.log.append(f"{_setup_cell(s)} {run.status}")
             if s.kind == "answer" and t is not None:
                 t.kind = "timeout" if run.status == "timeout" else "crashed"
                 t.message = answer_errors[s.task]
@@ -529,8 +529,15 @@ def _execute(session: KernelSession, scope, channel, steps, tasks, answers, cell
         if s.kind != "test":
             done.append(s)
         if s.kind == "setup" and run.status == "error":
-            result.log.append(f"instructor cell {s.index} raised {run.ename}: "
-                              f"{run.evalue}"[:300])
+            result.log.append(f"{_setup_cell(s)} raised {run.ename}: {run.evalue}"[:300])
+
+
+def _setup_cell(s) -> str:
+    """An ungraded cell of the exercise, named so a learner finds it in their notebook (the
+    grading notebook's cell numbers are not theirs)."""
+    first = next((ln.strip() for ln in s.source.splitlines() if ln.strip()), "")
+    first = first if len(first) <= 60 else first[:59] + "…"
+    return f"the exercise's ungraded cell starting `{first}` (it may use your answers)"
 
 
 def _score_test(t: TaskResult, run, timeout: float, answer_error, answered):
