@@ -267,3 +267,14 @@ def test_a_grouped_conv_that_ignores_the_groups_channel_offset_is_told_so():
     with pytest.raises(check.CheckError, match=r"every groups=1 case passed, this one has "
                                                r"groups=3: does each filter read only its own"):
         check.check_conv2d(no_offset, groups=True, quiet=True)
+
+
+def test_a_depthwise_multiplier_read_the_other_way_is_named():
+    def k_mod_c(x, w, stride=1, padding=0):
+        C, K = x.shape[1], w.shape[0]
+        return ref.conv2d(np.ascontiguousarray(x[:, [k % C for k in range(K)]]), w,
+                          stride=stride, padding=padding, groups=K)
+
+    with pytest.raises(check.CheckError, match=r"output channel k read input channel k % \d+: "
+                                               r"it reads k // 2"):
+        check.check_depthwise(k_mod_c, multiplier=2, device=False, quiet=True)

@@ -404,6 +404,15 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
                              **{"groups": x.shape[1] // wf.shape[1], **kw})
     elif x.ndim == 2 and np.ndim(wf) == 2 and comp.bad and case["expected"].shape == x.shape:
         flipped = ref.filter2d(x.astype(np.float64), wf[::-1, ::-1].astype(np.float64))
+    if x.ndim == 4 and np.ndim(wf) == 4 and wf.shape[1] == 1 and comp.bad and \
+            wf.shape[0] > x.shape[1] and wf.shape[0] % x.shape[1] == 0:
+        C, K = x.shape[1], wf.shape[0]  # depthwise with a multiplier: the other mapping
+        strided = ref.conv2d(x[:, [k % C for k in range(K)]].astype(np.float64),
+                             wf.astype(np.float64), groups=K, **kw)
+        if out.shape == strided.shape and compare(out, strided, case["absref"],
+                                                   case["reduction"]).ok:
+            hints.append(f"output channel k read input channel k % {C}: it reads k // "
+                         f"{K // C} (a channel's {K // C} filters are neighbours)")
     if flipped is not None:
         if out.shape == flipped.shape and compare(out, flipped, case["absref"],
                                                    case["reduction"]).ok:
