@@ -140,6 +140,21 @@ def test_separable_factors_checker():
     with pytest.raises(check.CheckError):  # first row and column: right only for some kernels
         check.check_separable_factors(lambda k: (k[:, 0], k[0] / k[0, 0]), quiet=True)
 
+    def no_sigma(k):  # the singular value forgotten: 1/s times the kernel
+        f = svd_factors(k)
+        return f and (f[0] / np.linalg.svd(k, compute_uv=False)[0], f[1])
+
+    with pytest.raises(check.CheckError, match=r"hint: outer\(col, row\) is \S+ x the kernel "
+                                               r"\(the largest singular value is"):
+        check.check_separable_factors(no_sigma, quiet=True)
+    with pytest.raises(check.CheckError, match=r"is -1 x the kernel \(a sign"):
+        check.check_separable_factors(lambda k: (f := svd_factors(k)) and (-f[0], f[1]),
+                                      quiet=True)
+    with pytest.raises(check.CheckError, match=r"is \|kernel\|: the factors' signs"):
+        check.check_separable_factors(lambda k: (f := svd_factors(k)) and (np.abs(f[0]),
+                                                                           np.abs(f[1])),
+                                      quiet=True)
+
 
 def test_depthwise_checker_with_a_multiplier():
     def mult_ref(x, w, stride=1, padding=0):

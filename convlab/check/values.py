@@ -303,8 +303,19 @@ def check_separable_factors(fn, *, seed=None, quiet=False) -> str:
         if col.shape != (k.shape[0],) or row.shape != (k.shape[1],):
             raise CheckError(f"{task} FAILED on {label}: col must have {k.shape[0]} values and "
                              f"row {k.shape[1]}, got {col.shape} and {row.shape}")
-        err = np.abs(np.outer(col, row) - k).max()
+        prod = np.outer(col, row)
+        err = np.abs(prod - k).max()
         if not err <= 1e-6 * max(np.abs(k).max(), 1e-30):
+            hint = ""
+            scale = float(np.vdot(prod, k) / max(np.vdot(k, k), 1e-300))  # prod ~ scale * k
+            if np.abs(prod - scale * k).max() <= 1e-6 * max(np.abs(prod).max(), 1e-30):
+                sigma = np.linalg.svd(k, compute_uv=False)[0]
+                hint = (f"\n  hint: outer(col, row) is {scale:.4g} x the kernel"
+                        + (" (a sign: the singular vectors' signs go together)" if np.isclose(
+                            scale, -1) else f" (the largest singular value is {sigma:.4g}: "
+                            "col = sqrt(s) u, row = sqrt(s) v, or s on one side only)"))
+            elif np.abs(prod - np.abs(k)).max() <= 1e-6 * max(np.abs(k).max(), 1e-30):
+                hint = "\n  hint: outer(col, row) is |kernel|: the factors' signs were dropped"
             raise CheckError(f"{task} FAILED on {label}: outer(col, row) differs from the "
-                             f"kernel by up to {err:.3g}")
+                             f"kernel by up to {err:.3g}{hint}")
     return _pass(task, len(cases), quiet)
