@@ -14,7 +14,6 @@ import re
 import textwrap
 
 from ..errors import CheckError
-from .core import _name
 
 MAX_FUNCTIONS = 8
 MAX_CHARS = 20_000
@@ -46,7 +45,7 @@ def check_uses(fn, pattern: str, what: str, *, quiet=False) -> str:
     """Fail unless the source of `fn` (or of a function it calls) matches the regular
     expression `pattern`: the technique a task states (`what`, e.g. "NumPy's FFT") is
     there, not only right numbers from another method."""
-    name = _name(fn)
+    name = getattr(fn, "__name__", type(fn).__name__)
     src = sources(fn)
     if not src:
         raise CheckError(f"technique FAILED: the source of {name} cannot be read (define it "
