@@ -404,6 +404,15 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
                              **{"groups": x.shape[1] // wf.shape[1], **kw})
     elif x.ndim == 2 and np.ndim(wf) == 2 and comp.bad and case["expected"].shape == x.shape:
         flipped = ref.filter2d(x.astype(np.float64), wf[::-1, ::-1].astype(np.float64))
+        R, S = wf.shape  # the image wrapped around its edges: an FFT of the image's size
+        wrapped = sum(float(wf[r, s]) * np.roll(x.astype(np.float64), (R // 2 - r, S // 2 - s),
+                                                axis=(0, 1)) for r in range(R) for s in range(S))
+        if out.shape == wrapped.shape and compare(out, wrapped, case["absref"],
+                                                   case["reduction"]).ok:
+            hints = [h for h in hints if not h.startswith("all errors are where")]  # (it is)
+            hints.append("the image wrapped around its edges (a circular correlation): an FFT "
+                         "of the image's size wraps; pad both to at least (H + R - 1, W + S - 1)"
+                         " and crop")
     if x.ndim == 4 and np.ndim(wf) == 4 and wf.shape[1] == 1 and comp.bad and \
             wf.shape[0] > x.shape[1] and wf.shape[0] % x.shape[1] == 0:
         C, K = x.shape[1], wf.shape[0]  # depthwise with a multiplier: the other mapping
