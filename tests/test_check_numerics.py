@@ -80,8 +80,21 @@ def test_check_scaled_gemm():
         return ((a * sa).astype(np.float16).astype(np.float32)
                 @ (b * sb).astype(np.float16).astype(np.float32)) / (sa * sb)
 
+    def fp16_sums(a, b):  # scaled right, but the product summed (and kept) in fp16
+        def e(m):
+            return 14 - int(np.floor(np.log2(float(np.max(np.abs(m))))))
+        sa, sb = e(a), e(b)
+        with np.errstate(over="ignore", invalid="ignore"):
+            c = np.ldexp(a, sa).astype(np.float16) @ np.ldexp(b, sb).astype(np.float16)
+            return np.ldexp(c, -(sa + sb)).astype(np.float16)
+
+    def undone_twice(a, b):  # one input's scale removed twice, the other's not at all
+        return _scaled(a, b) * 2.0 ** 3
+
     for bad, why in ((cast, "scale each input"), (lambda a, b: a @ b, "round the scaled"),
-                     (by_max, "powers of two")):
+                     (by_max, "powers of two"), (fp16_sums, "the result is fp16, which "
+                                                           "overflows: sum in float32"),
+                     (undone_twice, r"the result is 2\^3 times the product: undo each")):
         with pytest.raises(check.CheckError, match=why):
             check.check_scaled_gemm(bad, quiet=True)
 

@@ -118,10 +118,23 @@ def check_scaled_gemm(fn, *, seed=None, quiet=False) -> str:
         comp = compare(out, exp, absref, K, "fp32")
         if not comp.ok:
             a64, b64 = a.astype(np.float64), b.astype(np.float64)
-            if not np.isfinite(out).all():
+            with np.errstate(all="ignore"):  # Inf and NaN outputs are judged below
+                ratio = out.astype(np.float64) / np.where(exp == 0, np.nan, exp)
+                fin = ratio[np.isfinite(ratio)]
+                r = float(np.median(fin)) if fin.size else np.nan
+            if not np.isfinite(out).all() and out.dtype == np.float16:
+                comp.messages.append("hint: the result is fp16, which overflows: sum in "
+                                     "float32 (a tensor core's accumulator) and return float32")
+            elif not np.isfinite(out).all():
                 comp.messages.append("hint: fp16 holds at most 65504 and loses values below "
                                      "6e-5 (0 below 6e-8): scale each input by a power of "
-                                     "two before converting")
+                                     "two before converting, and sum the scaled fp16 values "
+                                     "in float32 (their products overflow fp16 too)")
+            elif np.isfinite(r) and r > 0 and abs(np.log2(r) - round(np.log2(r))) < 1e-3 and \
+                    round(np.log2(r)) != 0 and np.allclose(out, r * exp, rtol=1e-3,
+                                                           atol=1e-30):
+                comp.messages.append(f"hint: the result is 2^{round(np.log2(r))} times the "
+                                     "product: undo each input's scale once (C / (sa * sb))")
             elif compare(out, a64 @ b64, np.abs(a64) @ np.abs(b64), K, "fp32").ok:
                 comp.messages.append("hint: this is the exact fp32 product: round the scaled "
                                      "inputs to fp16 (np.float16) as a tensor core would")
