@@ -292,3 +292,16 @@ def test_an_fft_filter_that_wraps_around_is_told_to_pad():
     with pytest.raises(check.CheckError, match=r"hint: the image wrapped around its edges") as e:
         check.check_filter2d_large(circular, quiet=True)
     assert "padding offset" not in str(e.value)  # the border hint, true but not the cause
+
+
+def test_a_result_in_another_type_than_the_task_asks_fails_when_it_asks():
+    def f64(img, k):
+        return ref.filter2d(img.astype(np.float64), k)  # right values, float64
+
+    assert "cases passed" in check.check_filter2d(f64, device=False, quiet=True)
+    with pytest.raises(check.CheckError, match=r"returned float64 values, the task asks for "
+                                               r"float32 \(convert at the end"):
+        check.check_filter2d(f64, device=False, dtype=np.float32, quiet=True)
+    with pytest.raises(check.CheckError, match="returned float64 values"):  # a list, too
+        check.check_conv2d(lambda x, w, stride=1, padding=0: ref.conv2d(
+            x, w, stride=stride, padding=padding).tolist(), dtype=np.float32, quiet=True)

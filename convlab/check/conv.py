@@ -66,16 +66,18 @@ def conv2d_cases(rng, *, stride=True, padding=True, dilation=False, groups=False
 
 
 def check_conv2d(fn, *, stride=True, padding=True, dilation=False, groups=False,
-                 device=None, seed=None, runs: int = 2, precision="fp32", quiet=False) -> str:
+                 device=None, seed=None, runs: int = 2, precision="fp32", dtype=None,
+                 quiet=False) -> str:
     """Check a conv2d implementation on fresh random problems; raise CheckError if wrong.
 
     fn(x, w, stride=, padding=[, dilation=, groups=]) returns y (N, K, P, Q), or, when it
     has an ``out`` parameter, fills ``out``. device=True passes CUDA device arrays (for
     GPU launchers; default: ``fn.device``). Flags say which features the task covers.
+    dtype: the type the task asks the result in (float32 where it says so), checked.
     """
     rng = np.random.default_rng(seed)
     cases = conv2d_cases(rng, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    return _run_cases("conv2d", fn, cases, device, runs, quiet, precision)
+    return _run_cases("conv2d", fn, cases, device, runs, quiet, precision, dtype)
 
 
 def check_conv2d_case(fn, x_shape, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
@@ -143,13 +145,14 @@ def _filter_case(img, k) -> dict:
                           label=f"image {H}x{W}, filter {R}x{S}, pad {(R // 2, S // 2)}")
 
 
-def check_filter2d(fn, *, device=None, seed=None, runs=2, quiet=False) -> str:
+def check_filter2d(fn, *, device=None, seed=None, runs=2, dtype=None, quiet=False) -> str:
     """Check a single-channel 2-D filter: fn(image (H, W), kernel (R, S)) -> (H, W).
 
-    Zero padding keeps the size ('same'); kernels are odd-sized and non-square.
+    Zero padding keeps the size ('same'); kernels are odd-sized and non-square. dtype: the
+    type the task asks the result in, checked.
     """
     rng = np.random.default_rng(seed)
-    return _run_cases("filter2d", fn, filter2d_cases(rng), device, runs, quiet, "fp32")
+    return _run_cases("filter2d", fn, filter2d_cases(rng), device, runs, quiet, "fp32", dtype)
 
 
 def check_filter2d_large(fn, *, seed=None, quiet=False) -> str:

@@ -441,7 +441,8 @@ def _prange_races(fn) -> list:
         return []
 
 
-def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: str):
+def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: str,
+               dtype=None):
     if device is None:
         device = bool(getattr(fn, "device", False))
     if not device and (races := _prange_races(fn)):
@@ -469,6 +470,11 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
             except Exception as e:  # noqa: BLE001  (report the learner's exception as a failure)
                 raise CheckError(f"{task} raised on {case['label']}: {type(e).__name__}: "
                                  f"{e}{raised_at(e)}") from e
+            if dtype is not None and np.asarray(out).dtype != np.dtype(dtype):
+                raise CheckError(f"{task} FAILED on {case['label']}: returned "
+                                 f"{np.asarray(out).dtype} values, the task asks for "
+                                 f"{np.dtype(dtype).name} (convert at the end: "
+                                 f".astype(np.{np.dtype(dtype).name}))")
             comp = compare(out, case["expected"], case["absref"], case["reduction"], precision)
             if case.get("layout") == "nhwc" and isinstance(comp.err, np.ndarray):
                 comp.err = comp.err.transpose(0, 3, 1, 2)  # the picture: rows x columns
