@@ -200,6 +200,22 @@ def test_col2im():
     _fails(check.check_col2im, _col2im_assign, "SUM of their copies")
     _fails(check.check_col2im, lambda c, s, hw, **kw: np.zeros(s, np.float32), "wrong")
 
+    def no_dilation(cols, x_shape, hw, stride=1, padding=0, dilation=1):
+        N, C, H, W = x_shape  # sums with +=, but places tap (r, s) at r, s: no dilation
+        (R, S), (sh, sw), (ph, pw) = ref.pair(hw), ref.pair(stride), ref.pair(padding)
+        P, Q = ref.conv2d_output_shape((H, W), (R, S), stride, padding, dilation)
+        c6 = cols.reshape(C, R, S, N, P, Q)
+        xp = np.zeros((N, C, H + 2 * ph, W + 2 * pw), cols.dtype)
+        for r in range(R):
+            for s in range(S):
+                xp[:, :, r:r + sh * P:sh, s:s + sw * Q:sw] += c6[:, r, s].transpose(1, 0, 2, 3)
+        return xp[:, :, ph:ph + H, pw:pw + W]
+
+    with pytest.raises(check.CheckError) as e:
+        check.check_col2im(no_dilation, quiet=True)
+    assert "every undilated case passed, this one has dilation=2" in str(e.value)
+    assert "SUM of their copies" not in str(e.value)  # it sums: the '=' hint is not for it
+
 
 def test_check_conv2d_case_passes_right_and_fails_wrong():
     def right(x, w, stride=1, padding=0, dilation=1):
