@@ -141,8 +141,7 @@ def compare(out, expected, absref=None, reduction: int = 1, precision: str = "fp
     tol = xp.multiply(absref, rtol, out=xp.empty_like(scaled))
     tol += 1e-30
     c = Comparison(out.shape, True, rtol=rtol)
-    unwritten = (out.view(xp.uint32) == int(POISON_BITS) if out.dtype == xp.float32 else
-                 xp.zeros(out.shape, bool))
+    unwritten = _unwritten(out, xp)
     nonfinite = ~xp.isfinite(out)
     nonfinite &= ~unwritten
     diff = out.astype(xp.float64)
@@ -299,12 +298,13 @@ def call(fn, inputs: list, out_shape, kwargs: dict, device: bool):
     return result
 
 
-def _unwritten(a) -> np.ndarray:
-    """Where a float32 array still holds the checker's 'not written' marker."""
-    a = np.asarray(a)
-    if a.dtype != np.float32:
-        return np.zeros(a.shape, bool)
-    return a.view(np.uint32) == int(POISON_BITS)
+def _unwritten(a, xp=np):
+    """Where a float32 array (of array module `xp`) still holds the checker's 'not
+    written' marker."""
+    a = xp.asarray(a)
+    if a.dtype != xp.float32:
+        return xp.zeros(a.shape, bool)
+    return a.view(xp.uint32) == int(POISON_BITS)
 
 
 def _name(fn) -> str:
@@ -470,9 +470,9 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
             except Exception as e:  # noqa: BLE001  (report the learner's exception as a failure)
                 raise CheckError(f"{task} raised on {case['label']}: {type(e).__name__}: "
                                  f"{e}{raised_at(e)}") from e
-            if dtype is not None and np.asarray(out).dtype != np.dtype(dtype):
+            if dtype is not None and out.dtype != np.dtype(dtype):
                 raise CheckError(f"{task} FAILED on {case['label']}: returned "
-                                 f"{np.asarray(out).dtype} values, the task asks for "
+                                 f"{out.dtype} values, the task asks for "
                                  f"{np.dtype(dtype).name} (convert at the end: "
                                  f".astype(np.{np.dtype(dtype).name}))")
             comp = compare(out, case["expected"], case["absref"], case["reduction"], precision)

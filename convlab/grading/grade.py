@@ -258,10 +258,15 @@ def _names_outside_answers(nb) -> dict:
         text = nbf.source(c)
         if nbf.exercise_id(text) or nbf.test_marker(text):
             continue
-        first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+        first = _first_line(text)[:80]
         for name in nbf.bound_names(text):
-            out.setdefault(name, first[:80])
+            out.setdefault(name, first)
     return out
+
+
+def _first_line(text: str) -> str:
+    """A cell's first non-blank line, stripped: how the messages name a cell."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
 
 _UNDEFINED = re.compile(r"NameError: name '(\w+)' is not defined")
@@ -535,7 +540,7 @@ def _execute(session: KernelSession, scope, channel, steps, tasks, answers, cell
 def _setup_cell(s) -> str:
     """An ungraded cell of the exercise, named so a learner finds it in their notebook (the
     grading notebook's cell numbers are not theirs)."""
-    first = next((ln.strip() for ln in s.source.splitlines() if ln.strip()), "")
+    first = _first_line(s.source)
     first = first if len(first) <= 60 else first[:59] + "…"
     return f"the exercise's ungraded cell starting `{first}` (it may use your answers)"
 

@@ -132,9 +132,7 @@ def _burst_rounds(ctx, pairs, flops, rounds=9):
     rows = []
     for name, r in timing.burst_rounds(
             pairs, lambda run: ctx.clock.time_gpu(run, repeat=5).median_ms, rounds).items():
-        rows.append(dict(name=name, ms=r["ms"], tflops=flops / r["ms"] / 1e9,
-                         pct_library=r["pct_library"], pct_low=r["pct_low"],
-                         pct_high=r["pct_high"], ms_rounds=r["ms_rounds"]))
+        rows.append(dict(name=name, tflops=flops / r["ms"] / 1e9, **r))
         ctx.log(f"{name} burst rounds: {r['ms']:.3f} ms, {r['pct_library']:.1f}% of {lib} "
                 f"({r['pct_low']:.1f}-{r['pct_high']:.1f})")
     return dict(rows=rows, library=lib, rounds=rounds,
