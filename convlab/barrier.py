@@ -13,21 +13,37 @@ class BarrierAbort(BaseException):
 class BlockBarrier:
     """``syncthreads`` for `n` threads; a thread that has exited counts as arrived.
 
+    Thread ``i`` calls ``enter(i)`` before it runs and ``exit()`` when it is done.
     ``sync(site, value)`` waits for the others and returns the values all threads passed
     at this barrier. A subclass can stop the block (`halted`: every thread then raises
     `abort`) and act when all have arrived, before they go on (`on_release`; `sites`
     holds the barrier sites of the arrived threads).
+
+    One thread runs at a time: a thread runs until it reaches a barrier (or ends), then
+    hands the turn to the next thread that has not reached it; the last to arrive goes on.
+    Between two barriers a GPU orders nothing, so any order is one the GPU may take, and a
+    block of 128 threads then costs one thread switch per thread and barrier, not a herd
+    of 128 threads queueing for the GIL after every barrier.
     """
 
     abort: type = BarrierAbort
 
     def __init__(self, n: int):
-        self.cond = threading.Condition()
-        self.alive, self.waiting, self.gen = n, 0, 0
+        self._turn = [threading.Lock() for _ in range(n)]
+        for t in self._turn[1:]:
+            t.acquire()  # thread 0 goes first
+        self._local = threading.local()
+        self.n = self.alive = n
+        self._done = [False] * n
+        self._arrived = [False] * n
         self.values: list = []
         self.sites: set = set()
         self.last_values: list = []
         self.error: BaseException | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self.values)
 
     def halted(self) -> bool:
         return self.error is not None
@@ -38,35 +54,50 @@ class BlockBarrier:
     def _release(self):
         self.on_release()
         self.last_values, self.values, self.sites = self.values, [], set()
-        self.waiting = 0
-        self.gen += 1
-        self.cond.notify_all()
+        self._arrived = [False] * self.n
+
+    def _hand_on(self, i: int):
+        """Thread `i` stops running: the next thread that can run goes on."""
+        if not self.halted() and self.values and len(self.values) == self.alive:
+            self._release()  # everyone else was waiting for `i` to exit
+        n = self.n
+        for d in range(1, n + 1):
+            j = (i + d) % n
+            if not self._done[j] and (self.halted() or not self._arrived[j]):
+                self._turn[j].release()
+                return
+
+    def enter(self, i: int):
+        """Thread `i` waits for its first turn."""
+        self._local.i = i
+        self._turn[i].acquire()
+        if self.halted():
+            raise self.abort
 
     def sync(self, site=None, value=None):
-        with self.cond:
-            if self.halted():
-                raise self.abort
-            self.waiting += 1
-            self.values.append(value)
-            self.sites.add(site)
-            gen = self.gen
-            if self.waiting == self.alive:
-                self._release()
-            else:
-                while gen == self.gen and self.error is None:
-                    self.cond.wait()
-            if self.halted():
-                raise self.abort
-            return self.last_values
+        i = self._local.i
+        if self.halted():
+            raise self.abort
+        self.values.append(value)
+        self.sites.add(site)
+        if len(self.values) == self.alive:
+            self._release()
+        else:
+            self._arrived[i] = True
+            self._hand_on(i)
+            self._turn[i].acquire()  # released when it is this thread's turn again
+        if self.halted():
+            raise self.abort
+        return self.last_values
 
     def fail(self, e: BaseException):
-        with self.cond:
-            if self.error is None:
-                self.error = e
-            self.cond.notify_all()
+        if self.error is None:
+            self.error = e
 
     def exit(self):
-        with self.cond:
-            self.alive -= 1
-            if self.waiting and self.waiting == self.alive and self.error is None:
-                self._release()
+        i = getattr(self._local, "i", None)
+        if i is None or self._done[i]:
+            return
+        self._done[i] = True
+        self.alive -= 1
+        self._hand_on(i)

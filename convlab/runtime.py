@@ -157,10 +157,11 @@ def setup(mode: str | None = None) -> str:
     elif mode == "sim":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     if mode == "sim":
-        # The simulator runs one OS thread per CUDA thread and spins on the GIL at
-        # syncthreads(); switching threads more often makes tiled kernels ~1.3-3x faster.
-        sys.setswitchinterval(min(sys.getswitchinterval(), 3e-4))
         _lock_simulator_shared_arrays()
+        if not _run_simulator_blocks_one_thread_at_a_time():
+            # Another numba-cuda: its simulator may run a block's threads all at once and
+            # poll them at syncthreads(); switching threads more often helps it (~1.3-3x).
+            sys.setswitchinterval(min(sys.getswitchinterval(), 3e-4))
     else:
         os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     _state["mode"] = mode
@@ -212,6 +213,75 @@ def _lock_simulator_shared_arrays() -> None:
     shared.array = array
     if "simulator: shared arrays allocated under a lock" not in _state["fixes"]:
         _state["fixes"].append("simulator: shared arrays allocated under a lock")
+
+
+def _run_simulator_blocks_one_thread_at_a_time() -> bool:
+    """Run a simulated block's threads one at a time, handing on at each ``syncthreads``.
+
+    numba-cuda's simulator (0.30.x) starts every thread of a block at once and has the
+    launching thread poll them all in a loop to see which wait at the barrier: 128 threads
+    and the poller queue for the GIL after every barrier, most of the time of a tiled kernel
+    under the simulator. With `barrier.BlockBarrier`, a thread runs until it reaches a
+    barrier and then hands the turn on; the last to arrive goes on. Same threads, same
+    kernel code, same errors (the first thread that raised, with its tid and ctaid).
+    """
+    try:
+        from numba.cuda.simulator import kernel as simkernel
+
+        manager, thread = simkernel.BlockManager, simkernel.BlockThread
+        original_thread_run = thread.run
+        assert {"_f", "_block_dim", "_debug"} <= set(vars(manager(None, (1,), (1,), False)))
+    except Exception:  # noqa: BLE001  (another numba-cuda: leave it alone)
+        return False
+    if getattr(manager.run, "_convlab_serial", False):
+        return True
+    import numpy as np
+
+    from .barrier import BarrierAbort, BlockBarrier
+
+    def run_block(self, grid_point, *args):
+        n = int(np.prod(self._block_dim))
+        self._barrier = BlockBarrier(n)
+        self._failed = []
+        threads = []
+        for block_point in np.ndindex(*self._block_dim):
+            def target():
+                self._f(*args)
+
+            threads.append(thread(target, self, grid_point, block_point, self._debug))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if self._failed:
+            t = self._failed[0]
+            raise t.exception[0].with_traceback(t.exception[1])
+
+    def run_thread(self):
+        barrier = getattr(self._manager, "_barrier", None)
+        if barrier is None:  # a thread started outside a launch
+            return original_thread_run(self)
+        try:
+            barrier.enter(self.thread_id)
+            original_thread_run(self)  # stores an exception in self.exception
+        except BarrierAbort:
+            self.exception = None  # stopped because another thread raised
+        finally:
+            if self.exception is not None:
+                self._manager._failed.append(self)
+                barrier.fail(self.exception[0])
+            barrier.exit()
+
+    def syncthreads(self):
+        self._manager._barrier.sync()
+
+    run_block._convlab_serial = True
+    manager.run = run_block
+    thread.run = run_thread
+    thread.syncthreads = syncthreads
+    if "simulator: a block's threads run one at a time" not in _state["fixes"]:
+        _state["fixes"].append("simulator: a block's threads run one at a time")
+    return True
 
 
 def _numba_mode() -> str:

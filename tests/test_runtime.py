@@ -4,8 +4,11 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
+import numpy as np
 import pytest
+from numba import cuda  # (conftest has chosen the mode)
 
 import convlab
 from convlab import runtime
@@ -168,3 +171,63 @@ def test_simulator_shared_arrays_are_allocated_once_per_block_under_a_lock(monke
     assert len(got) == 12 and all(a is got[0] for a in got)
     other = shared.array((4,), np.float32)  # another line: another array
     assert other is not got[0]
+
+
+def _simulator_only():
+    if not runtime.is_simulator():
+        pytest.skip("the simulator's block scheduling")
+
+
+def test_simulator_runs_a_blocks_threads_one_at_a_time_between_barriers():
+    """A read-modify-write that sleeps between the read and the write loses updates when
+    threads run at once; handed on only at barriers and exits, none is lost."""
+    _simulator_only()
+    @cuda.jit
+    def count(cnt, seen):
+        t = cuda.threadIdx.x
+        for r in range(3):
+            v = cnt[0]
+            time.sleep(0.0005)  # lets the GIL go (the simulator runs Python)
+            cnt[0] = v + 1
+            cuda.syncthreads()
+            seen[r, t] = cnt[0]  # everyone's increments of this round are in
+            cuda.syncthreads()
+
+    n = 24
+    cnt, seen = np.zeros(1, np.int64), np.full((3, n), -1, np.int64)
+    count[1, n](cnt, seen)
+    assert cnt[0] == 3 * n
+    assert (seen == (np.arange(1, 4) * n)[:, None]).all()
+
+
+def test_simulator_block_with_an_early_return_and_syncthreads_count():
+    _simulator_only()
+    @cuda.jit
+    def kernel(out, counts):
+        t = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
+        if t >= 37:
+            return  # threads past the data: the others' barriers must still open
+        counts[t] = cuda.syncthreads_count(t % 3 == 0)
+        out[t] = t * 2
+
+    out, counts = np.full(48, -1, np.int64), np.full(48, -1, np.int64)
+    kernel[1, (16, 3)](out, counts)
+    assert (out[:37] == np.arange(37) * 2).all() and (out[37:] == -1).all()
+    assert (counts[:37] == len(range(0, 37, 3))).all()
+
+
+def test_simulator_reports_the_thread_that_raised_and_stops_the_block():
+    _simulator_only()
+    @cuda.jit
+    def kernel(a):
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        if t == 5:
+            a[100] = 1.0  # out of bounds
+        cuda.syncthreads()
+        a[t] = t
+
+    a = np.zeros(8, np.float32)
+    with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\] ctaid=\[0, 0, 0\]"):
+        kernel[2, 8](a)
+    assert not a.any()  # nobody went past the second barrier, and block 1 never ran

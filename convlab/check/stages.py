@@ -210,6 +210,7 @@ def run_block(kernel, args, *, grid, block, block_idx=(0, 0, 0), barrier=None) -
     def work(tid, thread):
         _tls.run, _tls.thread, _tls.tid = run, thread, tid
         try:
+            state.enter(tid)
             py_func(*host_args)
         except _Stop:
             pass

@@ -860,6 +860,7 @@ class KernelRun:
         def work(ctx):
             _tls.ctx = ctx
             try:
+                barrier.enter(ctx.tid)
                 _settrace(tracefn)
                 self.py_func(*self.args)
             except _Abort:
