@@ -13,7 +13,11 @@ class BarrierAbort(BaseException):
 class BlockBarrier:
     """``syncthreads`` for `n` threads; a thread that has exited counts as arrived.
 
-    Thread ``i`` calls ``enter(i)`` before it runs and ``exit()`` when it is done.
+    Thread ``i`` calls ``enter(i)`` before it runs and ``exit()`` when it is done. With
+    `start` (a callable taking a thread index) threads start lazily: thread 0 is started by
+    the caller, a thread reached at a barrier by `start`, and one reached when a thread
+    exits is handed to that thread's OS thread (``exit()`` returns its index, to be entered
+    next), so a block without barriers runs on one OS thread.
     ``sync(site, value)`` waits for the others and returns the values all threads passed
     at this barrier. A subclass can stop the block (`halted`: every thread then raises
     `abort`) and act when all have arrived, before they go on (`on_release`; `sites`
@@ -28,7 +32,12 @@ class BlockBarrier:
 
     abort: type = BarrierAbort
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, start=None):
+        self._start = start
+        self._started = [start is None] * n
+        if n:
+            self._started[0] = True
+        self.finished = threading.Event()  # set when the last thread exits
         self._turn = [threading.Lock() for _ in range(n)]
         for t in self._turn[1:]:
             t.acquire()  # thread 0 goes first
@@ -56,8 +65,9 @@ class BlockBarrier:
         self.last_values, self.values, self.sites = self.values, [], set()
         self._arrived = [False] * self.n
 
-    def _hand_on(self, i: int):
-        """Thread `i` stops running: the next thread that can run goes on."""
+    def _hand_on(self, i: int, adopt: bool = False):
+        """Thread `i` stops running: the next thread that can run goes on. Returns a thread
+        not started yet that the OS thread of `i` (which has exited: `adopt`) is to run."""
         if not self.halted() and self.values and len(self.values) == self.alive:
             self._release()  # everyone else was waiting for `i` to exit
         n = self.n
@@ -65,7 +75,13 @@ class BlockBarrier:
             j = (i + d) % n
             if not self._done[j] and (self.halted() or not self._arrived[j]):
                 self._turn[j].release()
-                return
+                if not self._started[j]:
+                    self._started[j] = True
+                    if adopt:
+                        return j
+                    self._start(j)
+                return None
+        return None
 
     def enter(self, i: int):
         """Thread `i` waits for its first turn."""
@@ -94,10 +110,14 @@ class BlockBarrier:
         if self.error is None:
             self.error = e
 
-    def exit(self):
+    def exit(self) -> int | None:
+        """Thread `i` is done; the index of a thread for this OS thread to enter next (with
+        lazy `start`), else None."""
         i = getattr(self._local, "i", None)
         if i is None or self._done[i]:
-            return
+            return None
         self._done[i] = True
         self.alive -= 1
-        self._hand_on(i)
+        if self.alive == 0:
+            self.finished.set()
+        return self._hand_on(i, adopt=True)

@@ -174,3 +174,71 @@ def test_block_sizes(n):
 
     assert run_block(b, n, body) == {}
     assert out == [n] * n
+
+
+def run_block_lazily(n: int, body, timeout: float = 20.0):
+    """As the simulator runs a block: thread objects made up front, started when their turn
+    comes, an exited thread's OS thread running the next one not started; body(i, barrier).
+    Returns (the barrier, what each raised, the OS thread each CUDA thread ran on)."""
+    raised, ran_on = {}, {}
+
+    def work(first):
+        i = first
+        while i is not None:
+            try:
+                b.enter(i)
+                ran_on[i] = threading.get_ident()
+                body(i, b)
+            except BarrierAbort:
+                raised[i] = "abort"
+            except Exception as e:  # noqa: BLE001
+                raised[i] = e
+                b.fail(e)
+            finally:
+                i = b.exit()
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
+    b = BlockBarrier(n, start=lambda j: threads[j].start())
+    threads[0].start()
+    assert b.finished.wait(timeout), "the block hung"
+    for t in threads:
+        if t.ident is not None:
+            t.join(timeout)
+    return b, raised, ran_on
+
+
+def test_lazily_started_block_without_barriers_runs_on_one_os_thread():
+    out = [None] * 50
+    _, raised, ran_on = run_block_lazily(50, lambda i, b: out.__setitem__(i, i * 3))
+    assert raised == {} and out == [i * 3 for i in range(50)]
+    assert len(set(ran_on.values())) == 1
+
+
+def test_lazily_started_block_with_barriers_and_early_exits():
+    n = 20
+    seen = {}
+
+    def body(i, b):
+        if i % 4 == 1:
+            return  # an exited thread's OS thread goes on with the next one
+        seen[i] = sorted(b.sync(value=i))
+        b.sync()
+
+    b, raised, ran_on = run_block_lazily(n, body)
+    assert raised == {}
+    want = [i for i in range(n) if i % 4 != 1]
+    assert seen == {i: want for i in want}
+    assert len(set(ran_on.values())) < n  # OS threads were reused
+
+
+def test_lazily_started_block_stops_every_thread_after_an_error():
+    n = 12
+
+    def body(i, b):
+        if i == 2:
+            raise KeyError("k")
+        b.sync()
+
+    b, raised, _ = run_block_lazily(n, body)
+    assert isinstance(raised.pop(2), KeyError)
+    assert raised == {i: "abort" for i in range(n) if i > 2} | {0: "abort", 1: "abort"}

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -231,3 +232,20 @@ def test_simulator_reports_the_thread_that_raised_and_stops_the_block():
     with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\] ctaid=\[0, 0, 0\]"):
         kernel[2, 8](a)
     assert not a.any()  # nobody went past the second barrier, and block 1 never ran
+
+
+def test_simulator_runs_a_block_without_barriers_on_one_os_thread():
+    """Each thread object is started only when its turn comes; an exited thread's OS thread
+    runs the next one (starting 128 OS threads per block was most of a small kernel's time)."""
+    _simulator_only()
+
+    @cuda.jit
+    def kernel(ids, out):
+        t = cuda.threadIdx.x + cuda.blockDim.x * cuda.blockIdx.x
+        ids[t] = threading.get_ident()
+        out[t] = cuda.threadIdx.x
+
+    ids, out = np.zeros(96, np.uint64), np.full(96, -1, np.int64)
+    kernel[3, 32](ids, out)
+    assert (out == np.tile(np.arange(32), 3)).all()
+    assert all(len(set(ids[b * 32:(b + 1) * 32])) == 1 for b in range(3))
