@@ -14,17 +14,18 @@ class BlockBarrier:
     """``syncthreads`` for `n` threads; a thread that has exited counts as arrived.
 
     Thread ``i`` calls ``enter(i)`` before it runs and ``exit()`` when it is done. With
-    `start` (a callable taking a thread index) threads start lazily: thread 0 is started by
-    the caller, a thread reached at a barrier by `start`, and one reached when a thread
-    exits is handed to that thread's OS thread (``exit()`` returns its index, to be entered
-    next), so a block without barriers runs on one OS thread.
+    `start` (a callable taking a thread index) threads start lazily: the first of `order`
+    is started by the caller, a thread reached at a barrier by `start`, and one reached
+    when a thread exits is handed to that thread's OS thread (``exit()`` returns its index,
+    to be entered next), so a block without barriers runs on one OS thread.
     ``sync(site, value)`` waits for the others and returns the values all threads passed
     at this barrier. A subclass can stop the block (`halted`: every thread then raises
     `abort`) and act when all have arrived, before they go on (`on_release`; `sites`
     holds the barrier sites of the arrived threads).
 
     One thread runs at a time: a thread runs until it reaches a barrier (or ends), then
-    hands the turn to the next thread that has not reached it; the last to arrive goes on.
+    hands the turn to the next thread that has not reached it, in `order` (a permutation
+    of the thread indices; by index if None); the last to arrive goes on.
     Between two barriers a GPU orders nothing, so any order is one the GPU may take, and a
     block of 128 threads then costs one thread switch per thread and barrier, not a herd
     of 128 threads queueing for the GIL after every barrier.
@@ -32,15 +33,20 @@ class BlockBarrier:
 
     abort: type = BarrierAbort
 
-    def __init__(self, n: int, start=None):
+    def __init__(self, n: int, start=None, order=None):
+        self._order = list(range(n)) if order is None else [int(i) for i in order]
+        if sorted(self._order) != list(range(n)):
+            raise ValueError(f"order must be a permutation of range({n})")
+        self._pos = {t: k for k, t in enumerate(self._order)}
         self._start = start
         self._started = [start is None] * n
-        if n:
-            self._started[0] = True
-        self.finished = threading.Event()  # set when the last thread exits
         self._turn = [threading.Lock() for _ in range(n)]
-        for t in self._turn[1:]:
-            t.acquire()  # thread 0 goes first
+        for k, t in enumerate(self._turn):
+            if n and k != self._order[0]:
+                t.acquire()  # the first thread of `order` goes first
+        if n:
+            self._started[self._order[0]] = True
+        self.finished = threading.Event()  # set when the last thread exits
         self._local = threading.local()
         self.n = self.alive = n
         self._done = [False] * n
@@ -70,9 +76,9 @@ class BlockBarrier:
         not started yet that the OS thread of `i` (which has exited: `adopt`) is to run."""
         if not self.halted() and self.values and len(self.values) == self.alive:
             self._release()  # everyone else was waiting for `i` to exit
-        n = self.n
+        n, order, pos = self.n, self._order, self._pos[i]
         for d in range(1, n + 1):
-            j = (i + d) % n
+            j = order[(pos + d) % n]
             if not self._done[j] and (self.halted() or not self._arrived[j]):
                 self._turn[j].release()
                 if not self._started[j]:

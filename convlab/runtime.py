@@ -223,7 +223,10 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
     and the poller queue for the GIL after every barrier, most of the time of a tiled kernel
     under the simulator. With `barrier.BlockBarrier`, a thread runs until it reaches a
     barrier and then hands the turn on; the last to arrive goes on. Same threads, same
-    kernel code, same errors (the first thread that raised, with its tid and ctaid).
+    kernel code, same errors (the first thread that raised, with its tid and ctaid). The
+    threads take turns in a random order, drawn anew for every block of every launch: a GPU
+    orders nothing between barriers, and a racy kernel's result then moves between two runs
+    (the checkers' second run), as the old manager's thread switches made it move by chance.
     """
     try:
         from numba.cuda.simulator import kernel as simkernel
@@ -239,6 +242,8 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
 
     from .barrier import BarrierAbort, BlockBarrier
 
+    order_rng = np.random.default_rng()  # not seeded: a race should move between runs
+
     def run_block(self, grid_point, *args):
         def target():
             self._f(*args)
@@ -250,8 +255,10 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
             threads.append(thread(target, self, grid_point, p, self._debug))
         by_tid = sorted(threads, key=lambda t: t.thread_id)
         self._by_tid, self._failed = by_tid, []
-        self._barrier = BlockBarrier(len(threads), start=lambda j: by_tid[j].start())
-        by_tid[0].start()
+        order = order_rng.permutation(len(threads))  # a new order every launch: see above
+        self._barrier = BlockBarrier(len(threads), start=lambda j: by_tid[j].start(),
+                                     order=order)
+        by_tid[order[0]].start()
         self._barrier.finished.wait()
         for t in threads:
             if t.ident is not None:

@@ -242,3 +242,22 @@ def test_lazily_started_block_stops_every_thread_after_an_error():
     b, raised, _ = run_block_lazily(n, body)
     assert isinstance(raised.pop(2), KeyError)
     assert raised == {i: "abort" for i in range(n) if i > 2} | {0: "abort", 1: "abort"}
+
+
+def test_threads_take_turns_in_the_given_order():
+    n = 9
+    order = [4, 0, 8, 2, 6, 1, 3, 7, 5]
+    b = BlockBarrier(n, order=order)
+    log = []
+
+    def body(i):
+        log.append(("a", i))
+        b.sync()
+        log.append(("b", i))
+
+    assert run_block(b, n, body) == {}
+    first = [i for s, i in log if s == "a"]
+    assert first == order
+    assert all(s == "a" for s, _ in log[:n])  # nobody passed the barrier early
+    with pytest.raises(ValueError, match="permutation"):
+        BlockBarrier(3, order=[0, 0, 1])

@@ -249,3 +249,24 @@ def test_simulator_runs_a_block_without_barriers_on_one_os_thread():
     kernel[3, 32](ids, out)
     assert (out == np.tile(np.arange(32), 3)).all()
     assert all(len(set(ids[b * 32:(b + 1) * 32])) == 1 for b in range(3))
+
+
+def test_simulator_turn_order_changes_between_launches_so_a_race_moves():
+    """Without a barrier between the write and the read, what a thread reads depends on
+    which threads ran before it: on a GPU, and in the simulator's order, drawn anew for
+    every launch (the checkers' second run relies on it when the tracer cannot run)."""
+    _simulator_only()
+
+    @cuda.jit
+    def racy(out):
+        tile = cuda.shared.array(64, np.int64)
+        t = cuda.threadIdx.x
+        tile[t] = t + 1
+        out[t] = tile[(t + 1) % 64]  # missing cuda.syncthreads() before the read
+
+    runs = []
+    for _ in range(2):
+        out = np.zeros(64, np.int64)
+        racy[1, 64](out)
+        runs.append(out)
+    assert not np.array_equal(runs[0], runs[1])

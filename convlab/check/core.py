@@ -456,7 +456,8 @@ def _run_cases(task: str, fn, cases, device, runs: int, quiet: bool, precision: 
         runs = 1  # a pure function cannot race with itself; one run is enough
     # a race explains any wrong answer: report it first. Under the simulator a launcher the
     # tracer has checked for races runs each case once: a second run would find a race only
-    # if the simulator's thread switches happened to expose it, the trace finds it always.
+    # if the simulator's turn order (random per launch) happened to expose it, the trace
+    # finds it always.
     if _race_check(task, fn, cases, device):
         runs = 1
     worst, passed = 0.0, []
