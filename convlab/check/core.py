@@ -365,8 +365,18 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
     """Name the likely mistake from which cases passed and where the errors are.
     square_passes(): whether the code gets a square input with this case's arguments right
     (asked only when every case that passed was square)."""
-    hints = []
     case, out = _as_nchw(case, out)
+    hints = _argument_hints(case, passed, square_passes) + _where_hints(case, out, comp)
+    same = _same_as_hints(case, out, comp)
+    if any(h.startswith("the image wrapped") for h in same):  # the border hint's cause
+        hints = [h for h in hints if not h.startswith("all errors are where")]
+    return hints + same
+
+
+def _argument_hints(case, passed: list, square_passes) -> list:
+    """An argument every passed case left at its default (or a square shape) and this one
+    does not."""
+    hints = []
     kw, x = case["kwargs"], case["inputs"][0]
     shapes = [_as_nchw(c)[0]["inputs"][0].shape for c in passed]
     if x.ndim == 4 and x.shape[2] != x.shape[3] and shapes and all(
@@ -387,46 +397,61 @@ def _hints(case, out, comp: Comparison, passed: list, square_passes=None) -> lis
             ref.pair(c["kwargs"].get("dilation", 1)) == (1, 1) for c in passed):
         hints.append(f"every undilated case passed, this one has dilation={kw['dilation']}: is "
                      "the dilation applied to the filter offsets?")
+    return hints
+
+
+def _where_hints(case, out, comp: Comparison) -> list:
+    """Wrong outputs that are all unwritten, or all at the image's border."""
     band = _border_mask(case)
     if comp.not_written and comp.not_written == comp.bad:
-        hints.append("every wrong output is one never written: does every output get a thread "
-                     "(the grid's size, a loop's bound, an early return)?")
-    elif band is not None and comp.bad and band.any() and not band.all():
+        return ["every wrong output is one never written: does every output get a thread "
+                "(the grid's size, a loop's bound, an early return)?"]
+    if band is not None and comp.bad and band.any() and not band.all():
         bad = ~(np.abs(out.astype(np.float64) - case["expected"]) <= comp.rtol * case["absref"])
         bad2d = bad.reshape(-1, *bad.shape[-2:]).any(axis=0)
         if not (bad2d & ~band).any():
-            hints.append("all errors are where the filter window overlaps the image border: "
-                         "check the padding offset and the bounds tests (off by one?)")
-    wf = case["inputs"][1]
+            return ["all errors are where the filter window overlaps the image border: "
+                    "check the padding offset and the bounds tests (off by one?)"]
+    return []
+
+
+def _same_as_hints(case, out, comp: Comparison) -> list:
+    """A wrong output equal to a known wrong computation: an image wrapped around its
+    edges (an FFT of the image's size), a depthwise multiplier's other channel mapping, a
+    flipped filter (a true convolution)."""
+    if not comp.bad:
+        return []
+    hints = []
+    x, wf, kw = case["inputs"][0], case["inputs"][1], case["kwargs"]
+
+    def equals(other) -> bool:
+        return out.shape == other.shape and compare(out, other, case["absref"],
+                                                     case["reduction"]).ok
+
     flipped = None
-    if x.ndim == 4 and comp.bad:
+    if x.ndim == 4:
         flipped = ref.conv2d(x.astype(np.float64), wf[:, :, ::-1, ::-1].astype(np.float64),
                              **{"groups": x.shape[1] // wf.shape[1], **kw})
-    elif x.ndim == 2 and np.ndim(wf) == 2 and comp.bad and case["expected"].shape == x.shape:
+    elif x.ndim == 2 and np.ndim(wf) == 2 and case["expected"].shape == x.shape:
         flipped = ref.filter2d(x.astype(np.float64), wf[::-1, ::-1].astype(np.float64))
         R, S = wf.shape  # the image wrapped around its edges: an FFT of the image's size
         wrapped = sum(float(wf[r, s]) * np.roll(x.astype(np.float64), (R // 2 - r, S // 2 - s),
                                                 axis=(0, 1)) for r in range(R) for s in range(S))
-        if out.shape == wrapped.shape and compare(out, wrapped, case["absref"],
-                                                   case["reduction"]).ok:
-            hints = [h for h in hints if not h.startswith("all errors are where")]  # (it is)
+        if equals(wrapped):
             hints.append("the image wrapped around its edges (a circular correlation): an FFT "
                          "of the image's size wraps; pad both to at least (H + R - 1, W + S - 1)"
                          " and crop")
-    if x.ndim == 4 and np.ndim(wf) == 4 and wf.shape[1] == 1 and comp.bad and \
+    if x.ndim == 4 and np.ndim(wf) == 4 and wf.shape[1] == 1 and \
             wf.shape[0] > x.shape[1] and wf.shape[0] % x.shape[1] == 0:
         C, K = x.shape[1], wf.shape[0]  # depthwise with a multiplier: the other mapping
         strided = ref.conv2d(x[:, [k % C for k in range(K)]].astype(np.float64),
                              wf.astype(np.float64), groups=K, **kw)
-        if out.shape == strided.shape and compare(out, strided, case["absref"],
-                                                   case["reduction"]).ok:
+        if equals(strided):
             hints.append(f"output channel k read input channel k % {C}: it reads k // "
                          f"{K // C} (a channel's {K // C} filters are neighbours)")
-    if flipped is not None:
-        if out.shape == flipped.shape and compare(out, flipped, case["absref"],
-                                                   case["reduction"]).ok:
-            hints.append("the output equals a true convolution (flipped filter): deep-learning "
-                         "'convolution' is cross-correlation, do not flip the filter")
+    if flipped is not None and equals(flipped):
+        hints.append("the output equals a true convolution (flipped filter): deep-learning "
+                     "'convolution' is cross-correlation, do not flip the filter")
     return hints
 
 
