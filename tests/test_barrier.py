@@ -10,23 +10,26 @@ import pytest
 from convlab.barrier import BarrierAbort, BlockBarrier
 
 
+def run_thread(b: BlockBarrier, i: int, body, raised: dict, ran_on: dict) -> int | None:
+    """Thread i of block b: enter, body(i, b), what it raised kept; exit()'s answer."""
+    try:
+        b.enter(i)
+        ran_on[i] = threading.get_ident()
+        body(i, b)
+    except BarrierAbort:
+        raised[i] = "abort"
+    except Exception as e:  # noqa: BLE001
+        raised[i] = e
+        b.fail(e)
+    return b.exit()
+
+
 def run_block(barrier: BlockBarrier, n: int, body, timeout: float = 20.0) -> dict:
     """Thread i runs body(i) between enter(i) and exit(); what each raised, by thread."""
     raised: dict = {}
-
-    def work(i):
-        try:
-            barrier.enter(i)
-            body(i)
-        except BarrierAbort:
-            raised[i] = "abort"
-        except Exception as e:  # noqa: BLE001
-            raised[i] = e
-            barrier.fail(e)
-        finally:
-            barrier.exit()
-
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
+    threads = [threading.Thread(target=run_thread, daemon=True,
+                                args=(barrier, i, lambda i, b: body(i), raised, {}))
+               for i in range(n)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout
@@ -185,17 +188,7 @@ def run_block_lazily(n: int, body, timeout: float = 20.0):
     def work(first):
         i = first
         while i is not None:
-            try:
-                b.enter(i)
-                ran_on[i] = threading.get_ident()
-                body(i, b)
-            except BarrierAbort:
-                raised[i] = "abort"
-            except Exception as e:  # noqa: BLE001
-                raised[i] = e
-                b.fail(e)
-            finally:
-                i = b.exit()
+            i = run_thread(b, i, body, raised, ran_on)
 
     threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
     b = BlockBarrier(n, start=lambda j: threads[j].start())
