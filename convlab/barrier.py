@@ -117,8 +117,8 @@ class BlockBarrier:
             self.error = e
 
     def exit(self) -> int | None:
-        """Thread `i` is done; the index of a thread for this OS thread to enter next (with
-        lazy `start`), else None."""
+        """The calling thread is done; the index of a thread for its OS thread to enter
+        next (with lazy `start`), else None."""
         i = getattr(self._local, "i", None)
         if i is None or self._done[i]:
             return None
