@@ -158,6 +158,7 @@ def setup(mode: str | None = None) -> str:
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     if mode == "sim":
         _lock_simulator_shared_arrays()
+        _fast_scalar_casts()
         if not _run_simulator_blocks_one_thread_at_a_time():
             # Another numba-cuda: its simulator may run a block's threads all at once and
             # poll them at syncthreads(); switching threads more often helps it (~1.3-3x).
@@ -213,6 +214,38 @@ def _lock_simulator_shared_arrays() -> None:
     shared.array = array
     if "simulator: shared arrays allocated under a lock" not in _state["fixes"]:
         _state["fixes"].append("simulator: shared arrays allocated under a lock")
+
+
+def _fast_scalar_casts() -> None:
+    """``float32(x)`` of a Python or NumPy number without numba's detour (simulator only).
+
+    Under the simulator a kernel's ``float32(a * b)`` calls numba's ``Type.__call__``, which
+    imports ``numba.core.typing`` and tests ``isinstance`` against an abstract class on
+    every call before it casts: a quarter of a naive conv's time under the simulator and the
+    tracer. A plain number goes straight to the same cast; anything else (a signature such
+    as ``float32(float32[:])``) to numba's own ``__call__``.
+    """
+    try:
+        import numpy as np
+        from numba.core.types import abstract
+    except Exception:  # noqa: BLE001  (another numba: leave it alone)
+        return
+    original = abstract.Type.__call__
+    if getattr(original, "_convlab_fast", False):
+        return
+    plain = frozenset({int, float, bool, np.bool_, np.float16, np.float32, np.float64,
+                       np.int8, np.int16, np.int32, np.int64,
+                       np.uint8, np.uint16, np.uint32, np.uint64})
+
+    def call(self, *args):
+        if len(args) == 1 and type(args[0]) in plain:
+            return self.cast_python_value(args[0])
+        return original(self, *args)
+
+    call._convlab_fast, call.original = True, original
+    abstract.Type.__call__ = call
+    if "simulator: scalar casts without numba's detour" not in _state["fixes"]:
+        _state["fixes"].append("simulator: scalar casts without numba's detour")
 
 
 def _run_simulator_blocks_one_thread_at_a_time() -> bool:

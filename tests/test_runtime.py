@@ -270,3 +270,32 @@ def test_simulator_turn_order_changes_between_launches_so_a_race_moves():
         racy[1, 64](out)
         runs.append(out)
     assert not np.array_equal(runs[0], runs[1])
+
+
+def test_simulator_scalar_casts_take_the_short_path_and_cast_as_numba_does():
+    _simulator_only()
+    from numba import boolean, float32, float64, int32, uint8
+    from numba.core.types import abstract
+
+    fast = abstract.Type.__call__
+    assert getattr(fast, "_convlab_fast", False)
+    assert "simulator: scalar casts without numba's detour" in runtime._state["fixes"]
+    original = fast.original  # numba's own
+    values = [1.5, -2.75, 3, True, np.float32(0.1), np.float64(1e40), np.int64(-7),
+              np.uint8(250), np.float16(0.333)]
+
+    def outcome(f, *args):  # (type of the result or of the error, the result)
+        try:
+            with np.errstate(all="ignore"):
+                r = f(*args)
+        except Exception as e:  # noqa: BLE001  (an out-of-range int raises on both paths)
+            return type(e), None
+        return type(r), r
+
+    for ty in (float32, float64, int32, uint8, boolean):
+        for v in values:
+            got, want = outcome(ty, v), outcome(original, ty, v)
+            assert got[0] is want[0] and (got[1] == want[1] or np.isnan(got[1]) and
+                                          np.isnan(want[1])), (ty, v, got, want)
+    sig = float32(float32[:], int32)  # a signature still goes to numba's own __call__
+    assert sig.return_type == float32 and sig.args == (float32[:], int32)
