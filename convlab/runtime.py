@@ -266,7 +266,10 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
 
         manager, thread = simkernel.BlockManager, simkernel.BlockThread
         original_thread_run = thread.run
-        assert {"_f", "_block_dim", "_debug"} <= set(vars(manager(None, (1,), (1,), False)))
+        probe = manager(None, (1, 1, 1), (1, 1, 1), False)
+        assert {"_f", "_block_dim", "_debug"} <= set(vars(probe))
+        probe = thread(lambda: None, probe, (0, 0, 0), (0, 0, 0), False)
+        assert {"_target", "thread_id", "threadIdx", "exception"} <= set(vars(probe))
     except Exception:  # noqa: BLE001  (another numba-cuda: leave it alone)
         return False
     if getattr(manager.run, "_convlab_serial", False):
