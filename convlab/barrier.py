@@ -54,11 +54,7 @@ class BlockBarrier:
         self.values: list = []
         self.sites: set = set()
         self.last_values: list = []
-        self.error: BaseException | None = None
-
-    @property
-    def waiting(self) -> int:
-        return len(self.values)
+        self.error = None  # what fail() got first: an exception, or the caller's record of one
 
     def halted(self) -> bool:
         return self.error is not None
@@ -112,7 +108,7 @@ class BlockBarrier:
             raise self.abort
         return self.last_values
 
-    def fail(self, e: BaseException):
+    def fail(self, e):
         if self.error is None:
             self.error = e
 

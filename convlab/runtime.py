@@ -290,7 +290,7 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
         for p in np.ndindex(*self._block_dim):  # (not a comprehension: its own frame)
             threads.append(thread(target, self, grid_point, p, self._debug))
         by_tid = sorted(threads, key=lambda t: t.thread_id)
-        self._by_tid, self._failed = by_tid, []
+        self._by_tid = by_tid
         order = order_rng.permutation(len(threads))  # a new order every launch: see above
         self._barrier = BlockBarrier(len(threads), start=lambda j: by_tid[j].start(),
                                      order=order)
@@ -299,8 +299,8 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
         for t in threads:
             if t.ident is not None:
                 t.join()
-        if self._failed:
-            e, tb = self._failed[0]
+        if self._barrier.error is not None:  # the first thread that raised: (error, traceback)
+            e, tb = self._barrier.error
             raise e.with_traceback(tb)
 
     def run_thread(self):
@@ -321,8 +321,7 @@ def _run_simulator_blocks_one_thread_at_a_time() -> bool:
                 self.exception = None  # stopped because another thread raised
             finally:
                 if self.exception is not None:
-                    manager._failed.append(self.exception)
-                    barrier.fail(self.exception[0])
+                    barrier.fail(self.exception)
                 j = barrier.exit()
 
     def syncthreads(self):
