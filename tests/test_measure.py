@@ -297,3 +297,21 @@ def test_filter_section_reports_wrong_variants_not_timed(tmp_path, monkeypatch):
                                                      "pipelined 32x8 v4 ch8 mb8"}
     assert all(d["error"].startswith("CheckError") for d in res["not_timed"])
     assert clock.calls == 2 * len(res["rows"])  # per-call and queued time of each timed row
+
+
+def test_results_are_named_after_the_card_that_measured_them():
+    """A run on an H100 lands in h100_* files, never in the h200_* ones the lessons read as
+    the H200's (the GPU call script and the stand-alone tools once wrote h200_* on any card)."""
+    from pathlib import Path
+
+    names = {"NVIDIA H200": "h200", "NVIDIA H100 80GB HBM3": "h100", b"NVIDIA H200 NVL": "h200",
+             "NVIDIA A100-SXM4-80GB": "a100", "Tesla T4": "t4", "NVIDIA L4": "l4",
+             "NVIDIA GeForce RTX 4090": "rtx4090", "cpu only": "gpu"}
+    assert {n: harness.card_prefix(n) for n in names} == names
+    root = Path(__file__).resolve().parent.parent / "tools" / "gpu"
+    call = (root / "h200_call.sh").read_text()
+    assert "--prefix h200" not in call and "results/h200_" not in call
+    assert "*H100*) P=h100" in call
+    for tool in ("memory_bound.py", "sgemm_wide_loads.py"):
+        src = (root / tool).read_text()
+        assert "harness.card_prefix(" in src and '"h200_memory_bound.json"' not in src, tool

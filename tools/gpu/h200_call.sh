@@ -30,6 +30,9 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n1)
 if [ -n "${REQUIRE:-}" ] && ! echo "$card" | grep -q "$REQUIRE"; then
   echo "not a $REQUIRE: $card; no step run"; exit 3
 fi
+# results are named after the card that measured them (h200_*, h100_*): a run on an H100
+# must not land in a file the lessons read as the H200's, nor join one
+case "$card" in *H200*) P=h200 ;; *H100*) P=h100 ;; *) P=gpu ;; esac
 . tools/device_env.sh
 T0=$(date +%s)
 SUMMARY=""
@@ -55,12 +58,12 @@ cat "$W/logs/environment.txt"
 for s in ${STEPS:-bench lessons04_06 tests}; do
   case $s in
     bench) TAIL=80 step bench 330 python3 -m convlab bench --out "$W/res/bench" --repeat 12 ;;
-    lessons04_06) step lessons04_06 150 python3 -m convlab measure lessons04_06 --prefix h200 \
+    lessons04_06) step lessons04_06 150 python3 -m convlab measure lessons04_06 --prefix $P \
                     --out "$W/res" --budget 100 ;;
     profile) step profile 100 python3 -m convlab profile --out "$W/res" --timeout 95 ;;
-    call_time) step call_time 60 python3 -m convlab measure call_time --out "$W/res" --prefix h200 ;;
-    census) cp convlab/results/h200_lessons12_13.json "$W/res/" 2>/dev/null  # the census joins it
-            step census 70 python3 -m convlab measure lessons12_13 --only census --prefix h200 \
+    call_time) step call_time 60 python3 -m convlab measure call_time --out "$W/res" --prefix $P ;;
+    census) cp convlab/results/${P}_lessons12_13.json "$W/res/" 2>/dev/null  # the census joins it
+            step census 70 python3 -m convlab measure lessons12_13 --only census --prefix $P \
               --out "$W/res" ;;
     triton_tests) TAIL=8 step triton_tests 90 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_triton.py ;;
@@ -76,7 +79,7 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
     resnet50) TAIL=40 step resnet50 560 python3 -m convlab bench --layers resnet50 \
                 --out "$W/res/r50" --repeat 8 --budget $(( $(left) - 60 )) ;;
     tensor_cores) TAIL=20 step tensor_cores 200 python3 -m convlab measure tensor_cores \
-                    --prefix h200 --out "$W/res" ;;
+                    --prefix $P --out "$W/res" ;;
     resnet50_cuda) TAIL=20 step resnet50_cuda 300 env OUT="$W/res" python3 \
                      tools/gpu/resnet50_kernels.py 32,1,128 \
                      implicit_gemm_cuda,im2col_cuda,im2col_fused_cuda,winograd_f2_cuda,winograd_f4_cuda ;;
@@ -84,12 +87,12 @@ for s in ${STEPS:-bench lessons04_06 tests}; do
                   tools/gpu/sgemm_wide_loads.py 4096 ;;
     memory_bound) TAIL=70 step memory_bound 240 env OUT="$W/res" python3 \
                     tools/gpu/memory_bound.py ;;
-    precisions) cp convlab/results/h200_lessons12_13.json "$W/res/" 2>/dev/null  # joins it
+    precisions) cp convlab/results/${P}_lessons12_13.json "$W/res/" 2>/dev/null  # joins it
                 TAIL=20 step precisions 240 python3 -m convlab measure lessons12_13 \
-                  --only wmma_gemm,wmma_conv,throughput_ratio --prefix h200 --out "$W/res" ;;
-    depthwise_block) cp convlab/results/h200_lessons10_11.json "$W/res/" 2>/dev/null  # joins it
+                  --only wmma_gemm,wmma_conv,throughput_ratio --prefix $P --out "$W/res" ;;
+    depthwise_block) cp convlab/results/${P}_lessons10_11.json "$W/res/" 2>/dev/null  # joins it
                      TAIL=10 step depthwise_block 90 python3 -m convlab measure lessons10_11 \
-                       --only l11_depthwise_block,l10_streams --prefix h200 --out "$W/res" ;;
+                       --only l11_depthwise_block,l10_streams --prefix $P --out "$W/res" ;;
     memory_tests) TAIL=8 step memory_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider \
                     tests/test_depthwise_window_cuda.py tests/test_depthwise_window.py \
                     tests/test_depthwise_cuda.py \

@@ -264,7 +264,8 @@ def save(copy):
                device=name.decode() if isinstance(name, bytes) else str(name),
                seconds=time.time() - T0, rows=TABLE)
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, "h200_memory_bound.json"), "w") as f:
+    with open(os.path.join(OUT, f"{harness.card_prefix(res['device'])}_memory_bound.json"),
+              "w") as f:
         json.dump(res, f, indent=1, default=str)
 
 

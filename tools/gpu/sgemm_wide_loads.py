@@ -78,7 +78,8 @@ def main() -> int:
     if stored.exists():  # the slab loops' SASS counts, computed without a GPU (lesson 09)
         result["sass"] = json.loads(stored.read_text()).get("sass", {})
     out = os.environ.get("OUT", ".")
-    with open(os.path.join(out, "h200_gemm_wide_loads.json"), "w") as f:
+    card = harness.card_prefix(result["environment"]["device"])
+    with open(os.path.join(out, f"{card}_gemm_wide_loads.json"), "w") as f:
         json.dump(result, f, indent=1)
     for r in rounds:
         base = next(x for x in r["rows"] if x["name"] == "cuBLAS")["ms"]
