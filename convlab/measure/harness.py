@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -162,8 +163,6 @@ def card_prefix(device_name: str) -> str:
     """The results-file prefix of the card that measured them ("h200", "h100", "a100", ...,
     "gpu" for a name without a known model): a run on an H100 must not land in a file
     the lessons read as the H200's."""
-    import re
-
     if isinstance(device_name, bytes):
         device_name = device_name.decode(errors="replace")
     m = re.search(r"\b([A-Z]{1,3}) ?(\d{1,4})\b", str(device_name).upper())

@@ -30,10 +30,11 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -n1)
 if [ -n "${REQUIRE:-}" ] && ! echo "$card" | grep -q "$REQUIRE"; then
   echo "not a $REQUIRE: $card; no step run"; exit 3
 fi
+. tools/device_env.sh
 # results are named after the card that measured them (h200_*, h100_*): a run on an H100
 # must not land in a file the lessons read as the H200's, nor join one
-case "$card" in *H200*) P=h200 ;; *H100*) P=h100 ;; *) P=gpu ;; esac
-. tools/device_env.sh
+P=$(CARD="$card" python3 -c 'import os; from convlab.measure.harness import card_prefix
+print(card_prefix(os.environ["CARD"]))') || { echo "no results prefix for: $card"; exit 2; }
 T0=$(date +%s)
 SUMMARY=""
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - T0) )); }

@@ -3,7 +3,7 @@ layers, CUDA C (filter03_cuda, depthwise03_cuda, 04_strips, 05_window) over a fe
 beside the Numba kernels (the best ones' defaults, the window kernel over a few tilings),
 PyTorch, and a device-to-device copy of the same bytes in the same run.
 
-    COMMIT=<tree> python3 tools/gpu/memory_bound.py   # table last; $OUT/h200_memory_bound.json
+    COMMIT=<tree> python3 tools/gpu/memory_bound.py   # table last; $OUT/<card>_memory_bound.json
     ONLY=filter python3 tools/gpu/memory_bound.py   # some sections: filter, dw512, dw32
 
 Every variant is checked against float64 (poisoned output first), then timed with
@@ -71,7 +71,7 @@ ABOUT = ("The 3x3 filter on 4096^2 and the two depthwise layers (b32 512ch 14x14
          "the best D2D copy of 2 GiB.")
 T0 = time.time()
 TABLE = []
-OUT = os.environ.get("OUT", ".")  # where h200_memory_bound.json goes
+OUT = os.environ.get("OUT", ".")  # where <card>_memory_bound.json goes
 
 
 def queued(fn):
@@ -264,9 +264,10 @@ def save(copy):
                device=name.decode() if isinstance(name, bytes) else str(name),
                seconds=time.time() - T0, rows=TABLE)
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, f"{harness.card_prefix(res['device'])}_memory_bound.json"),
-              "w") as f:
+    path = os.path.join(OUT, f"{harness.card_prefix(res['device'])}_memory_bound.json")
+    with open(path, "w") as f:
         json.dump(res, f, indent=1, default=str)
+    return path
 
 
 def main():
@@ -278,10 +279,11 @@ def main():
     sections = {"filter": lambda: filter_section(copy),
                 "dw512": lambda: depthwise_section("dw512", copy, torch),
                 "dw32": lambda: depthwise_section("dw32", copy, torch)}
+    path = None  # (no section named in ONLY: nothing written)
     for name, run in sections.items():
         if name in only:
             run()
-            save(copy)
+            path = save(copy)
             print(f"({time.time() - T0:.0f} s)", flush=True)
     print(f"\n{'section':6s} {'variant':44s} {'us':>8s} {'GB/s':>6s} {'% copy':>7s}")
     for r in TABLE:
@@ -299,7 +301,7 @@ def main():
         if best and same:
             print(f"best {sec}: {best['name']}: {best['pct_copy']:.1f}% of copy, "
                   f"{100 * best['gbps'] / same['gbps']:.1f}% of the same-bytes copy")
-    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {OUT}/h200_memory_bound.json")
+    print(f"copy {copy:.0f} GB/s; {time.time() - T0:.0f} s; {path}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ tiles, beside cuBLAS fp32 (TF32 off), in one process.
     COMMIT=<tree> python3 tools/gpu/sgemm_wide_loads.py [n]   # table last
     TILES=128x64x16,128x256x8/16x8 ...                        # other gemm05 tiles
 
-Writes $OUT/h200_gemm_wide_loads.json, the file lesson 09 reads (with the stored file's SASS
-counts carried over).
+Writes $OUT/<card>_gemm_wide_loads.json (h200_... is the file lesson 09 reads), with the
+stored file's SASS counts carried over.
 
 First `check.check_gemm` on the module's launcher (odd shapes: the 4-byte build) and a
 poisoned 16-byte case of every tile; then `ladder.run_gemm_ladder` at n^3 (4096 on the
